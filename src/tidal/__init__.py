@@ -1,0 +1,40 @@
+"""tidal: stream training data larger than memory into PyTorch and JAX training.
+
+>>> import tidal
+>>> ds = tidal.Dataset("data/*.parquet", columns=["text"]).shuffle(seed=0).repeat().batch(8)
+>>> loader = tidal.DataLoader(ds, num_workers=2)     # a torch DataLoader with state_dict()
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tidal.dataset import Dataset
+from tidal.errors import FormatError, RecordError, SourceError, StateError, TidalError
+from tidal.shards import Shard
+from tidal.world import World
+
+if TYPE_CHECKING:
+    from tidal.loader import DataLoader
+
+__all__ = [
+    "DataLoader",
+    "Dataset",
+    "FormatError",
+    "RecordError",
+    "Shard",
+    "SourceError",
+    "StateError",
+    "TidalError",
+    "World",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DataLoader":  # imports torch: only when asked for
+        from tidal.loader import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'tidal' has no attribute {name!r}")

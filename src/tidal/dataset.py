@@ -1,0 +1,300 @@
+"""The lazy, chainable front of tidal.
+
+A :class:`Dataset` is a description: a list of shards plus the stages applied to them.
+Nothing is read until it is iterated. Iteration reads the topology (rank, world size,
+DataLoader worker) at that moment and yields this reader's share of the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tidal.errors import StateError
+from tidal.formats import Errors
+from tidal.shards import Shard, index, resolve
+from tidal.stages import StageIterator
+from tidal.stages.batch import BatchIterator
+from tidal.stages.read import ReadIterator, ReadPlan
+from tidal.stages.transform import FilterIterator, MapIterator
+from tidal.tables import length, records
+from tidal.world import World
+
+Source = str | os.PathLike | Sequence[str | os.PathLike]
+
+DEFAULT_BLOCK_SIZE = 16_384
+DEFAULT_SHARDS_PER_BLOCK = 8
+
+
+@dataclass(frozen=True)
+class _Stage:
+    kind: str  # "map" | "filter" | "batch"
+    fn: Callable[[Any], Any] | None = None
+    size: int = 0
+    drop_last: bool = True
+
+
+class Dataset:
+    """Records streamed from files, lazily, with chainable transforms.
+
+    >>> ds = tidal.Dataset("data/**/*.jsonl.zst", columns=["text"])
+    >>> for batch in ds.shuffle(seed=0).repeat(epochs=2).batch(8):
+    ...     batch["text"]  # a list of 8 strings
+
+    ``src`` is a file, a directory (searched recursively for known file endings), a glob
+    (``**`` included) or a list of them. ``format`` forces a reader (``"parquet"``,
+    ``"jsonl"``, ``"text"``) instead of guessing from file endings. ``errors="skip"`` drops
+    malformed records and counts them instead of raising.
+    """
+
+    def __init__(
+        self,
+        src: Source,
+        columns: Sequence[str] | None = None,
+        format: str | None = None,
+        errors: Errors = "raise",
+    ):
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        if isinstance(columns, str):
+            columns = [columns]
+        shards = tuple(index(resolve(src), format, errors))
+        self._plan = ReadPlan(
+            shards=shards,
+            columns=tuple(columns) if columns is not None else None,
+            errors=errors,
+            seed=None,
+            block_size=DEFAULT_BLOCK_SIZE,
+            shards_per_block=DEFAULT_SHARDS_PER_BLOCK,
+            epochs=1,
+        )
+        self._stages: tuple[_Stage, ...] = ()
+        self._resume: dict | None = None
+        self._last: DatasetIterator | None = None
+
+    # -- chaining --------------------------------------------------------------------
+
+    def _with(self, plan: ReadPlan | None = None, stage: _Stage | None = None) -> Dataset:
+        new = object.__new__(Dataset)
+        new._plan = plan or self._plan
+        new._stages = self._stages + ((stage,) if stage else ())
+        new._resume = None
+        new._last = None
+        return new
+
+    def _before_batch(self, what: str) -> None:
+        if any(s.kind == "batch" for s in self._stages):
+            raise ValueError(f"{what}() must come before batch()")
+
+    def shuffle(
+        self,
+        seed: int,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        shards_per_block: int = DEFAULT_SHARDS_PER_BLOCK,
+    ) -> Dataset:
+        """Shuffle shards and records, differently each epoch, as a pure function of ``seed``.
+
+        Records are permuted within blocks of ``block_size`` records (the memory bound) that
+        each mix at least ``shards_per_block`` shards. Larger blocks mix more and cost more
+        memory and a longer first batch after a resume.
+
+        >>> ds.shuffle(seed=42, block_size=65_536)
+        """
+        self._before_batch("shuffle")
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+        if block_size < 1 or shards_per_block < 1:
+            raise ValueError("block_size and shards_per_block must be at least 1")
+        return self._with(replace(self._plan, seed=seed, block_size=block_size, shards_per_block=shards_per_block))
+
+    def repeat(self, epochs: int | None = None) -> Dataset:
+        """Read the data ``epochs`` times (``None``: forever), reshuffled each epoch.
+
+        >>> ds.shuffle(seed=0).repeat()        # the infinite stream step-based training wants
+        """
+        self._before_batch("repeat")
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be at least 1 or None, not {epochs}")
+        return self._with(replace(self._plan, epochs=epochs))
+
+    def map(self, fn: Callable[[Any], Any]) -> Dataset:
+        """Apply ``fn`` to every record (a dict of column to value).
+
+        >>> ds.map(lambda r: {**r, "n": len(r["text"])})
+        """
+        self._before_batch("map")
+        return self._with(stage=_Stage("map", fn))
+
+    def filter(self, fn: Callable[[Any], bool]) -> Dataset:
+        """Keep the records for which ``fn`` is true.
+
+        Filtering changes how many records each rank reads, so ranks may yield different
+        numbers of batches in a finite epoch; infinite streams (``repeat()``) are unaffected.
+
+        >>> ds.filter(lambda r: len(r["text"]) > 100)
+        """
+        self._before_batch("filter")
+        return self._with(stage=_Stage("filter", fn))
+
+    def batch(self, size: int, drop_last: bool = True) -> Dataset:
+        """Group records into dicts of columns: numpy arrays where values share a shape, else lists.
+
+        >>> next(iter(ds.batch(8)))["id"]      # array([...]) of 8 ints
+        """
+        self._before_batch("batch")
+        if size < 1:
+            raise ValueError(f"batch size must be at least 1, not {size}")
+        return self._with(stage=_Stage("batch", size=size, drop_last=drop_last))
+
+    # -- facts -----------------------------------------------------------------------
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        return self._plan.shards
+
+    @property
+    def num_records(self) -> int:
+        """Records in one epoch of the source, before any filter."""
+        return self._plan.total
+
+    @property
+    def batched(self) -> bool:
+        return any(s.kind == "batch" for s in self._stages)
+
+    def fingerprint(self) -> str:
+        """A short digest of everything that decides the order; a saved state carries it."""
+        p = self._plan
+        desc = [
+            [(os.path.basename(s.path), s.rows) for s in p.shards],
+            p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs,
+            [(s.kind, s.size, s.drop_last) for s in self._stages],
+        ]
+        return hashlib.sha1(json.dumps(desc, default=str).encode()).hexdigest()[:16]
+
+    # -- iteration -------------------------------------------------------------------
+
+    def iterator(self, world: World | None = None, state: dict | None = None, first_epoch: int = 0) -> DatasetIterator:
+        """An iterator over this reader's share, from ``state`` (as saved by one) or the start of
+        ``first_epoch``. ``world`` defaults to the topology of the calling process."""
+        return DatasetIterator(self, world or World.current(), state, first_epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        it = self.iterator(state=self._resume)
+        self._resume = None
+        self._last = it
+        return it
+
+    # the stateful protocol of torchdata's StatefulDataLoader and HF Accelerate
+    def state_dict(self) -> dict:
+        """The position of the latest iterator over this dataset (or the pending resume)."""
+        if self._last is not None:
+            return self._last.state()
+        return self._resume if self._resume is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter()`` continue from ``state``."""
+        self._resume = state or None
+        self._last = None
+
+    def __repr__(self) -> str:
+        p = self._plan
+        chain = "".join(
+            f".{s.kind}({s.size if s.kind == 'batch' else ''})" for s in self._stages
+        )
+        shuffled = f".shuffle({p.seed})" if p.seed is not None else ""
+        return f"Dataset({len(p.shards)} shards, {p.total} records){shuffled}.repeat({p.epochs}){chain}"
+
+    def _build(self, world: World, upstream_state: dict | None, first_epoch: int) -> StageIterator:
+        it: StageIterator = ReadIterator(self._plan, world, upstream_state, first_epoch)
+        for s in self._stages:
+            if s.kind == "map":
+                assert s.fn is not None
+                it = MapIterator(it, s.fn)
+            elif s.kind == "filter":
+                assert s.fn is not None
+                it = FilterIterator(it, s.fn)
+            else:
+                it = BatchIterator(it, s.size, s.drop_last)
+        return it
+
+
+class DatasetIterator(Iterator[Any]):
+    """Yields items one by one; ``state()`` is the exact position after the last one yielded.
+
+    Items are pulled from the stages in chunks; the state is the stages' position at the
+    start of the current chunk plus how many of its items were yielded. Since a chunk pulled
+    from a given position is always the same, that pair names the position exactly.
+    """
+
+    CHUNK = 256
+
+    def __init__(self, dataset: Dataset, world: World, state: dict | None, first_epoch: int = 0):
+        self.world = world
+        self._fingerprint = dataset.fingerprint()
+        self._chunk_size = 1 if dataset.batched else self.CHUNK
+        upstream, skip = None, 0
+        if state:
+            self._check(state)
+            upstream, skip = state["position"], int(state["skip"])
+        self._stages = dataset._build(world, upstream, first_epoch)
+        self._chunk: list[Any] = []
+        self._at = 0
+        self._chunk_state = self._stages.state()
+        self._done = False
+        self.items = 0
+        if skip:
+            self._fill()
+            if skip > len(self._chunk):
+                raise StateError(f"the state skips {skip} items of a chunk of {len(self._chunk)}")
+            self._at = skip
+
+    def _check(self, state: dict) -> None:
+        if state.get("dataset") != self._fingerprint:
+            raise StateError(
+                "this state was saved from a different dataset (other files, seed, block size or stages)"
+            )
+        saved = state.get("world")
+        here = [self.world.rank, self.world.world_size, self.world.worker, self.world.num_workers]
+        if saved != here:
+            raise StateError(f"this state was saved by reader {saved} (rank, ranks, worker, workers), not {here}")
+
+    def _fill(self) -> None:
+        self._chunk_state = self._stages.state()
+        try:
+            self._chunk = records(self._stages.next(self._chunk_size))
+        except StopIteration:
+            self._chunk, self._done = [], True
+        self._at = 0
+
+    def __next__(self) -> Any:
+        if self._at >= len(self._chunk):
+            if self._done:
+                raise StopIteration
+            self._fill()
+            if not self._chunk:
+                raise StopIteration
+        item = self._chunk[self._at]
+        self._at += 1
+        self.items += 1
+        return item
+
+    def state(self) -> dict:
+        """Small and JSON-able: restores to exactly the next item."""
+        if self._at >= len(self._chunk):
+            position, skip = self._stages.state(), 0
+        else:
+            position, skip = self._chunk_state, self._at
+        return {
+            "dataset": self._fingerprint,
+            "world": [self.world.rank, self.world.world_size, self.world.worker, self.world.num_workers],
+            "position": position,
+            "skip": skip,
+        }
+
+    def close(self) -> None:
+        self._stages.close()

@@ -1,0 +1,50 @@
+"""tidal's exceptions, one tree.
+
+    TidalError
+    ├── SourceError          a path, glob or URL that names no data (also FileNotFoundError)
+    ├── FormatError          no reader for a file, or a format that cannot be used as asked
+    ├── RecordError          one bad record: names the file and its line or row
+    └── StateError           a saved state that does not fit the dataset or loader
+
+Every error that points at data says which file and, where there is one, which line or
+row. Context is added with ``add_note`` as an error travels up the stages.
+"""
+
+from __future__ import annotations
+
+
+class TidalError(Exception):
+    """Base of every error tidal raises on purpose."""
+
+
+class SourceError(TidalError, FileNotFoundError):
+    """A path, glob or URL that names no data."""
+
+
+class FormatError(TidalError, ValueError):
+    """A file whose format tidal cannot read as asked."""
+
+
+class RecordError(TidalError, ValueError):
+    """A malformed record; ``path`` and ``line`` (1-based) or ``row`` (0-based) say where."""
+
+    def __init__(self, message: str, *, path: str, line: int | None = None, row: int | None = None):
+        where = path if line is None and row is None else f"{path}, line {line}" if line is not None else f"{path}, row {row}"
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line = line
+        self.row = row
+
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return _rebuild_record_error, (str(self), self.path, self.line, self.row)
+
+
+def _rebuild_record_error(text: str, path: str, line: int | None, row: int | None) -> RecordError:
+    err = RecordError.__new__(RecordError)
+    Exception.__init__(err, text)
+    err.path, err.line, err.row = path, line, row
+    return err
+
+
+class StateError(TidalError, ValueError):
+    """A saved state that does not describe this dataset or loader."""

@@ -1,0 +1,64 @@
+"""JSON lines: one JSON object per non-empty line, kept as Python dicts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tidal.errors import RecordError
+from tidal.formats import Errors, Piece
+from tidal.formats.lines import LineReader, scan
+
+NAME = "jsonl"
+__all__ = ["NAME", "open", "scan"]
+
+try:
+    from orjson import JSONDecodeError
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a dependency, json is the fallback
+    _loads = json.loads
+    JSONDecodeError = json.JSONDecodeError  # type: ignore[misc]
+
+loads: Callable[[bytes], Any] = _loads
+
+
+class JsonlReader:
+    def __init__(self, path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors):
+        self._lines = LineReader(path, compression, info)
+        self._path = path
+        self._columns = columns
+        self._errors = errors
+
+    def read(self, start: int, stop: int) -> Piece:
+        records: list[Any] = []
+        valid: np.ndarray | None = None
+        columns = self._columns
+        for i, (line, data) in enumerate(self._lines.read_lines(start, stop)):
+            try:
+                rec = loads(data)
+                if not isinstance(rec, dict):
+                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+                if columns is not None:
+                    missing = [c for c in columns if c not in rec]
+                    if missing:
+                        raise ValueError(f"no field {missing[0]!r} (fields: {', '.join(sorted(rec)) or 'none'})")
+                    rec = {c: rec[c] for c in columns}
+            except (JSONDecodeError, ValueError) as exc:
+                if self._errors == "raise":
+                    raise RecordError(f"malformed JSON record: {exc}", path=self._path, line=line) from None
+                if valid is None:
+                    valid = np.ones(stop - start, dtype=bool)
+                valid[i] = False
+                continue
+            records.append(rec)
+        return Piece(records, valid)
+
+    def close(self) -> None:
+        self._lines.close()
+
+
+def open(path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors) -> JsonlReader:  # noqa: A001
+    return JsonlReader(path, compression, info, columns, errors)

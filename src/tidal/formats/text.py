@@ -1,0 +1,47 @@
+"""Plain text: one record ``{"text": line}`` per non-empty line, decoded as UTF-8."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tidal.errors import FormatError, RecordError
+from tidal.formats import Errors, Piece
+from tidal.formats.lines import LineReader, scan
+
+NAME = "text"
+__all__ = ["NAME", "open", "scan"]
+
+
+class TextReader:
+    def __init__(self, path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors):
+        if columns is not None and list(columns) != ["text"]:
+            raise FormatError(f"{path}: a text file has one column, 'text'; asked for {columns}")
+        self._lines = LineReader(path, compression, info)
+        self._path = path
+        self._errors = errors
+
+    def read(self, start: int, stop: int) -> Piece:
+        lines = self._lines.read_lines(start, stop)
+        try:
+            return Piece([{"text": data.decode()} for _, data in lines])
+        except UnicodeDecodeError:
+            pass  # find the bad lines one by one
+        records: list[Any] = []
+        valid = np.ones(len(lines), dtype=bool)
+        for i, (line, data) in enumerate(lines):
+            try:
+                records.append({"text": data.decode()})
+            except UnicodeDecodeError as exc:
+                if self._errors == "raise":
+                    raise RecordError(f"not UTF-8 text: {exc}", path=self._path, line=line) from None
+                valid[i] = False
+        return Piece(records, valid)
+
+    def close(self) -> None:
+        self._lines.close()
+
+
+def open(path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors) -> TextReader:  # noqa: A001
+    return TextReader(path, compression, info, columns, errors)

@@ -1,0 +1,107 @@
+"""The order of one epoch, as a pure function of (seed, epoch, shard sizes).
+
+An epoch is a sequence of *blocks*; each block holds the records of a few shard slices and
+is the unit of shuffling: its records are read together and permuted, so memory is
+bounded by one block.
+
+- Unshuffled, shards follow each other in the order given; blocks are consecutive runs of
+  at most ``block_size`` records.
+- Shuffled, the shard order is permuted for the epoch, then cut into *groups* of at least
+  ``shards_per_block`` shards and ``block_size`` records. A group of ``m`` blocks cuts
+  each of its shards into ``m`` equal slices; block ``t`` holds slice ``t`` of every shard in
+  the group. So each block mixes records of several shards, and reading a group's blocks
+  in turn reads each of its shards front to back (cheap for compressed files).
+
+Positions ``0 .. total`` number the records of the epoch in yield order; state is a position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def rng(seed: int, *key: int) -> np.random.Generator:
+    """A generator for one purpose, keyed by ints: never by time or process id."""
+    return np.random.default_rng([seed, *key])
+
+
+class EpochOrder:
+    def __init__(
+        self,
+        rows: Sequence[int],
+        *,
+        seed: int | None,
+        epoch: int,
+        block_size: int,
+        shards_per_block: int,
+    ):
+        self.seed, self.epoch = seed, epoch
+        sizes = np.asarray(rows, dtype=np.int64)
+        shard_order = np.arange(len(sizes)) if seed is None else rng(seed, epoch, 0).permutation(len(sizes))
+        shard_order = shard_order[sizes[shard_order] > 0]
+        groups: list[np.ndarray] = []
+        if seed is None:
+            groups = [shard_order[i : i + 1] for i in range(len(shard_order))]
+        else:
+            start, count, total = 0, 0, 0
+            for i, s in enumerate(shard_order):
+                count, total = count + 1, total + int(sizes[s])
+                if count >= shards_per_block and total >= block_size:
+                    groups.append(shard_order[start : i + 1])
+                    start, count, total = i + 1, 0, 0
+            if start < len(shard_order):
+                groups.append(shard_order[start:])
+        self._groups: list[tuple[np.ndarray, np.ndarray]] = []  # (shards, cut points (m+1, g))
+        lengths, owners = [], []
+        for gi, shards in enumerate(groups):
+            n = sizes[shards]
+            m = max(1, -(-int(n.sum()) // block_size))
+            cuts = (np.arange(m + 1, dtype=np.int64)[:, None] * n[None, :]) // m
+            self._groups.append((shards, cuts))
+            lengths.append(np.diff(cuts, axis=0).sum(axis=1))
+            owners.append(np.stack([np.full(m, gi), np.arange(m)], axis=1))
+        block_lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        self._owners = np.concatenate(owners) if owners else np.zeros((0, 2), dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(block_lengths)]).astype(np.int64)
+        self.total = int(self.starts[-1])
+
+    @property
+    def blocks(self) -> int:
+        return len(self.starts) - 1
+
+    def block_at(self, position: int) -> int:
+        """The block holding ``position`` (``0 <= position < total``)."""
+        return int(np.searchsorted(self.starts, position, side="right")) - 1
+
+    def slices(self, block: int) -> list[tuple[int, int, int]]:
+        """``(shard, start row, stop row)`` read, in this order, to make ``block``."""
+        gi, t = self._owners[block]
+        shards, cuts = self._groups[gi]
+        return [
+            (int(s), int(a), int(b))
+            for s, a, b in zip(shards, cuts[t], cuts[t + 1], strict=True)
+            if b > a
+        ]
+
+    def permutation(self, block: int) -> np.ndarray | None:
+        """The order in which the block's records are yielded; ``None`` when unshuffled."""
+        if self.seed is None:
+            return None
+        n = int(self.starts[block + 1] - self.starts[block])
+        return rng(self.seed, self.epoch, 1, block).permutation(n)
+
+
+def consumer_range(total: int, consumers: int, consumer: int, *, drop_remainder: bool) -> tuple[int, int]:
+    """Positions ``[start, stop)`` of an epoch read by one of ``consumers`` readers.
+
+    Readers take consecutive, disjoint ranges, so together they read each record once.
+    With ``drop_remainder`` every reader gets exactly ``total // consumers`` records and the
+    last ``total % consumers`` positions of the epoch (random records when shuffled) are not
+    read that epoch; this is what keeps every rank's batch count equal in finite epochs.
+    """
+    if drop_remainder:
+        q = total // consumers
+        return consumer * q, (consumer + 1) * q
+    return consumer * total // consumers, (consumer + 1) * total // consumers

@@ -1,0 +1,108 @@
+"""The two shapes records take inside tidal, and the few operations stages need on them.
+
+A *table* is either a ``pyarrow.Table`` (columnar: Parquet, and anything Arrow reads) or a
+Python ``list`` of records (JSON lines, the output of ``map``, batches). Keeping Arrow
+tables columnar until a batch is assembled is what makes the Parquet path fast; keeping
+JSON as Python objects avoids a round trip through Arrow that costs more than it saves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+Table = pa.Table | list[Any]
+
+
+def length(table: Table) -> int:
+    return table.num_rows if isinstance(table, pa.Table) else len(table)
+
+
+def take(table: Table, indices: np.ndarray) -> Table:
+    if isinstance(table, pa.Table):
+        return table.take(pa.array(indices, type=pa.int64()))
+    return [table[i] for i in indices.tolist()]
+
+
+def cut(table: Table, start: int, stop: int) -> Table:
+    if isinstance(table, pa.Table):
+        return table.slice(start, stop - start)
+    return table[start:stop]
+
+
+def concat(tables: list[Table]) -> Table:
+    if len(tables) == 1:
+        return tables[0]
+    if all(isinstance(t, pa.Table) for t in tables):
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass  # columns of clashing types: fall back to records
+    out: list[Any] = []
+    for t in tables:
+        out.extend(records(t))
+    return out
+
+
+def records(table: Table) -> list[Any]:
+    return table.to_pylist() if isinstance(table, pa.Table) else table
+
+
+def keep(table: Table, mask: list[bool]) -> Table:
+    if isinstance(table, pa.Table):
+        return table.filter(pa.array(mask, type=pa.bool_()))
+    return [r for r, k in zip(table, mask, strict=True) if k]
+
+
+def columns(table: Table) -> dict[str, Any]:
+    """A batch: fixed-shape values stacked into numpy arrays, everything else kept as lists."""
+    if isinstance(table, pa.Table):
+        return {name: _arrow_column(table.column(name)) for name in table.column_names}
+    if not table:
+        return {}
+    first = table[0]
+    if not isinstance(first, dict):
+        raise TypeError(f"batch() needs records that are dicts, got {type(first).__name__}")
+    keys = list(first)
+    for rec in table:
+        if not isinstance(rec, dict) or rec.keys() != first.keys():
+            got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
+            raise TypeError(f"batch() needs records with the same fields: {sorted(keys)} and {got}")
+    return {k: stack([rec[k] for rec in table]) for k in keys}
+
+
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def stack(values: list[Any]) -> Any:
+    """One column of a batch: a numpy array when every value has one shape and kind, else the list."""
+    first = values[0]
+    if isinstance(first, np.ndarray):
+        if all(isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype for v in values):
+            return np.stack(values)
+        return values
+    if isinstance(first, _SCALARS):
+        kind = bool if isinstance(first, (bool, np.bool_)) else None
+        if all(isinstance(v, _SCALARS) and (kind is None) == (not isinstance(v, (bool, np.bool_))) for v in values):
+            return np.asarray(values)
+    return values
+
+
+def _arrow_column(col: pa.ChunkedArray) -> Any:
+    t = col.type
+    if col.null_count == 0:
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            return col.to_numpy()
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            arr = col.combine_chunks()
+            inner = arr.type.value_type
+            if (pa.types.is_integer(inner) or pa.types.is_floating(inner)) and len(arr) > 0:
+                flat = arr.flatten()
+                if flat.null_count == 0 and len(flat) % len(arr) == 0:
+                    width = len(flat) // len(arr)
+                    lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
+                    if (lengths == width).all():
+                        return flat.to_numpy().reshape(len(arr), width)
+    return col.to_pylist()

@@ -1,0 +1,68 @@
+"""Where this process sits: rank and world size, DataLoader worker and worker count.
+
+This is the only module that reads the environment for topology. It is read when iteration
+starts, never when a dataset is built, because a dataset is often built before
+``torch.distributed.init_process_group`` runs or before DataLoader workers exist.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class World:
+    """A frozen topology: ``rank`` of ``world_size`` processes, ``worker`` of ``num_workers``.
+
+    ``num_workers`` is at least 1: a process with no DataLoader workers is its own worker 0.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+        if not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker {self.worker} is outside {self.num_workers} workers")
+
+    @property
+    def consumers(self) -> int:
+        """How many independent readers share the data: ranks times workers."""
+        return self.world_size * self.num_workers
+
+    @property
+    def consumer(self) -> int:
+        """This reader's index among all of them, rank-major."""
+        return self.rank * self.num_workers + self.worker
+
+    def with_worker(self, worker: int, num_workers: int) -> World:
+        return World(self.rank, self.world_size, worker, max(1, num_workers))
+
+    @staticmethod
+    def ranks() -> World:
+        """Rank and world size: from ``torch.distributed`` when initialized, else RANK/WORLD_SIZE."""
+        torch = sys.modules.get("torch")  # never import torch just to find out it is unused
+        if torch is not None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                return World(dist.get_rank(), dist.get_world_size())
+        rank, size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        if rank is not None and size is not None:
+            return World(int(rank), int(size))
+        return World()
+
+    @staticmethod
+    def current() -> World:
+        """The full topology of the calling process, DataLoader worker included."""
+        world = World.ranks()
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            info = torch.utils.data.get_worker_info()
+            if info is not None:
+                return world.with_worker(info.id, info.num_workers)
+        return world

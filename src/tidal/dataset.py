@@ -21,7 +21,7 @@ from tidal.stages import StageIterator
 from tidal.stages.batch import BatchIterator
 from tidal.stages.read import ReadIterator, ReadPlan
 from tidal.stages.transform import FilterIterator, MapIterator
-from tidal.tables import length, records
+from tidal.tables import records
 from tidal.world import World
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
@@ -171,7 +171,11 @@ class Dataset:
         p = self._plan
         desc = [
             [(os.path.basename(s.path), s.rows) for s in p.shards],
-            p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs,
+            p.columns,
+            p.seed,
+            p.block_size,
+            p.shards_per_block,
+            p.epochs,
             [(s.kind, s.size, s.drop_last) for s in self._stages],
         ]
         return hashlib.sha1(json.dumps(desc, default=str).encode()).hexdigest()[:16]
@@ -203,14 +207,13 @@ class Dataset:
 
     def __repr__(self) -> str:
         p = self._plan
-        chain = "".join(
-            f".{s.kind}({s.size if s.kind == 'batch' else ''})" for s in self._stages
-        )
+        chain = "".join(f".{s.kind}({s.size if s.kind == 'batch' else ''})" for s in self._stages)
         shuffled = f".shuffle({p.seed})" if p.seed is not None else ""
         return f"Dataset({len(p.shards)} shards, {p.total} records){shuffled}.repeat({p.epochs}){chain}"
 
-    def _build(self, world: World, upstream_state: dict | None, first_epoch: int) -> StageIterator:
-        it: StageIterator = ReadIterator(self._plan, world, upstream_state, first_epoch)
+    def _build(self, world: World, upstream_state: dict | None, first_epoch: int) -> tuple[ReadIterator, StageIterator]:
+        source = ReadIterator(self._plan, world, upstream_state, first_epoch)
+        it: StageIterator = source
         for s in self._stages:
             if s.kind == "map":
                 assert s.fn is not None
@@ -220,7 +223,7 @@ class Dataset:
                 it = FilterIterator(it, s.fn)
             else:
                 it = BatchIterator(it, s.size, s.drop_last)
-        return it
+        return source, it
 
 
 class DatasetIterator(Iterator[Any]):
@@ -241,7 +244,7 @@ class DatasetIterator(Iterator[Any]):
         if state:
             self._check(state)
             upstream, skip = state["position"], int(state["skip"])
-        self._stages = dataset._build(world, upstream, first_epoch)
+        self._source, self._stages = dataset._build(world, upstream, first_epoch)
         self._chunk: list[Any] = []
         self._at = 0
         self._chunk_state = self._stages.state()
@@ -255,9 +258,7 @@ class DatasetIterator(Iterator[Any]):
 
     def _check(self, state: dict) -> None:
         if state.get("dataset") != self._fingerprint:
-            raise StateError(
-                "this state was saved from a different dataset (other files, seed, block size or stages)"
-            )
+            raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
         saved = state.get("world")
         here = [self.world.rank, self.world.world_size, self.world.worker, self.world.num_workers]
         if saved != here:
@@ -273,15 +274,19 @@ class DatasetIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         if self._at >= len(self._chunk):
-            if self._done:
-                raise StopIteration
-            self._fill()
+            if not self._done:
+                self._fill()
             if not self._chunk:
+                self.close()
                 raise StopIteration
         item = self._chunk[self._at]
         self._at += 1
         self.items += 1
         return item
+
+    def stats(self) -> dict:
+        """Counters: items yielded, rows read from files, bad records skipped."""
+        return {"items": self.items, **self._source.stats()}
 
     def state(self) -> dict:
         """Small and JSON-able: restores to exactly the next item."""
@@ -297,4 +302,10 @@ class DatasetIterator(Iterator[Any]):
         }
 
     def close(self) -> None:
+        """Close the files this iterator holds open (also done at its end)."""
         self._stages.close()
+
+    def __del__(self) -> None:
+        stages = getattr(self, "_stages", None)
+        if stages is not None:
+            stages.close()

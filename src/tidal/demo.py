@@ -15,6 +15,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 MODULES = (
     "argparse", "ast", "asyncio", "base64", "bisect", "calendar", "collections", "concurrent.futures",
@@ -33,18 +34,21 @@ SEED = 2026
 
 def corpus() -> list[dict]:
     """One record per docstring of the listed standard-library modules, in a fixed order."""
-    records, seen = [], set()
+    records: list[dict] = []
+    seen: set[str] = set()
     for name in MODULES:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mod = importlib.import_module(name)
-        objects = [(name, mod)]
+        objects: list[tuple[str, Any]] = [(name, mod)]
         for attr in sorted(vars(mod)):
             obj = getattr(mod, attr)
             if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
                 objects.append((f"{name}.{attr}", obj))
                 if inspect.isclass(obj):
-                    objects += [(f"{name}.{attr}.{m}", f) for m, f in sorted(vars(obj).items()) if inspect.isfunction(f)]
+                    objects += [
+                        (f"{name}.{attr}.{m}", f) for m, f in sorted(vars(obj).items()) if inspect.isfunction(f)
+                    ]
         for qualname, obj in objects:
             doc = inspect.getdoc(obj)
             if doc and len(doc) >= 40 and doc not in seen:
@@ -121,7 +125,8 @@ def main(root: str = "demo-data") -> int:
     )  # fmt: skip
     rest = json.loads(out.stdout.strip().splitlines()[-1])
     same = rest == full[stop:]
-    print(f"resumed in a new process: {len(rest)} more batches; identical to the uninterrupted run: {'yes' if same else 'NO'}")
+    verdict = "yes" if same else "NO"
+    print(f"resumed in a new process: {len(rest)} more batches; identical to the uninterrupted run: {verdict}")
     return 0 if same else 1
 
 

@@ -29,7 +29,7 @@ class RecordError(TidalError, ValueError):
     """A malformed record; ``path`` and ``line`` (1-based) or ``row`` (0-based) say where."""
 
     def __init__(self, message: str, *, path: str, line: int | None = None, row: int | None = None):
-        where = path if line is None and row is None else f"{path}, line {line}" if line is not None else f"{path}, row {row}"
+        where = f"{path}, line {line}" if line is not None else f"{path}, row {row}" if row is not None else path
         super().__init__(f"{where}: {message}")
         self.path = path
         self.line = line

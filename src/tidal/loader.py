@@ -198,7 +198,9 @@ class DataLoader(torch.utils.data.DataLoader):
         if state.get("dataset") != self.tidal_dataset.fingerprint():
             raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
         if state["num_workers"] != self._workers:
-            raise StateError(f"this state was saved with {state['num_workers']} workers, this loader has {self._workers}")
+            raise StateError(
+                f"this state was saved with {state['num_workers']} workers, this loader has {self._workers}"
+            )
         self._state = {**state, "workers": list(state["workers"])}
         if getattr(self, "_iterator", None) is not None:  # persistent workers hold the old position
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
@@ -208,7 +210,10 @@ class DataLoader(torch.utils.data.DataLoader):
         ranks = World.ranks()
         saved = self._state["ranks"]
         if saved is not None and saved != [ranks.rank, ranks.world_size]:
-            raise StateError(f"this state was saved on rank {saved[0]} of {saved[1]}, this is rank {ranks.rank} of {ranks.world_size}")
+            here = [ranks.rank, ranks.world_size]
+            raise StateError(
+                f"this state was saved on rank {saved[0]} of {saved[1]}, this is rank {here[0]} of {here[1]}"
+            )
         state = self._state = {**self._state, "ranks": [ranks.rank, ranks.world_size]}
         epochs = self.tidal_dataset._plan.epochs or 0
         self._stream.ranks = ranks

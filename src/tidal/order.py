@@ -64,6 +64,8 @@ class EpochOrder:
             owners.append(np.stack([np.full(m, gi), np.arange(m)], axis=1))
         block_lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
         self._owners = np.concatenate(owners) if owners else np.zeros((0, 2), dtype=np.int64)
+        nonempty = block_lengths > 0  # a group of tiny shards can leave a slice number empty
+        block_lengths, self._owners = block_lengths[nonempty], self._owners[nonempty]
         self.starts = np.concatenate([[0], np.cumsum(block_lengths)]).astype(np.int64)
         self.total = int(self.starts[-1])
 
@@ -79,11 +81,7 @@ class EpochOrder:
         """``(shard, start row, stop row)`` read, in this order, to make ``block``."""
         gi, t = self._owners[block]
         shards, cuts = self._groups[gi]
-        return [
-            (int(s), int(a), int(b))
-            for s, a, b in zip(shards, cuts[t], cuts[t + 1], strict=True)
-            if b > a
-        ]
+        return [(int(s), int(a), int(b)) for s, a, b in zip(shards, cuts[t], cuts[t + 1], strict=True) if b > a]
 
     def permutation(self, block: int) -> np.ndarray | None:
         """The order in which the block's records are yielded; ``None`` when unshuffled."""

@@ -8,12 +8,12 @@ JSON as Python objects avoids a round trip through Arrow that costs more than it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
-Table = pa.Table | list[Any]
+Table: TypeAlias = "pa.Table | list[Any]"
 
 
 def length(table: Table) -> int:

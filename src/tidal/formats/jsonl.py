@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from orjson import JSONDecodeError, loads
 
 from tidal.errors import RecordError
 from tidal.formats import Errors, Piece
@@ -14,15 +13,6 @@ from tidal.formats.lines import LineReader, scan
 
 NAME = "jsonl"
 __all__ = ["NAME", "open", "scan"]
-
-try:
-    from orjson import JSONDecodeError
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - orjson is a dependency, json is the fallback
-    _loads = json.loads
-    JSONDecodeError = json.JSONDecodeError  # type: ignore[misc]
-
-loads: Callable[[bytes], Any] = _loads
 
 
 class JsonlReader:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, cast
 
 from tidal.errors import TidalError
 
@@ -20,11 +20,11 @@ _PIECE = 1 << 22
 
 
 def open_binary(path: str, compression: str | None) -> IO[bytes]:
+    if compression == "gzip":
+        return cast(IO[bytes], gzip.open(path, "rb"))
     raw = open(path, "rb")  # noqa: SIM115 - the caller closes it
     if compression is None:
         return raw
-    if compression == "gzip":
-        return gzip.GzipFile(fileobj=raw)
     import zstandard
 
     return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
@@ -76,8 +76,10 @@ class LineReader:
         self._row = 0
 
     def _seek(self, row: int) -> None:
-        if self._file is not None and self._row <= row and (
-            self._compression is not None or row - self._row <= CHECKPOINT_ROWS
+        if (
+            self._file is not None
+            and self._row <= row
+            and (self._compression is not None or row - self._row <= CHECKPOINT_ROWS)
         ):
             return  # reading on from here is no dearer than a fresh seek
         self.close()
@@ -103,7 +105,9 @@ class LineReader:
                 if self._row >= stop:
                     break
         if len(out) != stop - start:
-            raise TidalError(f"{self.path}: ended after {self._row} records, expected {stop}; was it changed after indexing?")
+            raise TidalError(
+                f"{self.path}: ended after {self._row} records, expected {stop}; was it changed after indexing?"
+            )
         return out
 
     def close(self) -> None:

@@ -47,8 +47,9 @@ class ParquetReader:
             except (pa.ArrowException, OSError) as exc:
                 if self._errors == "raise":
                     row = int(self._starts[g])
-                    raise RecordError(f"unreadable row group {g} (rows {row}..{self._starts[g + 1]}): {exc}",
-                                      path=self._path, row=row) from None
+                    raise RecordError(
+                        f"unreadable row group {g} (rows {row}..{self._starts[g + 1]}): {exc}", path=self._path, row=row
+                    ) from None
                 table = None
             self._cached = (g, table)
         return self._cached[1]

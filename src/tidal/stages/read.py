@@ -64,10 +64,14 @@ class ReadIterator:
         self._order: EpochOrder | None = None
         self._block_index = -1
         self._block: _Block | None = None
+        self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
+        self.skipped = 0  # bad records dropped under errors="skip"
         total = plan.total
         if total == 0 and plan.epochs is None:
             raise TidalError("the dataset has no records, so it cannot repeat forever")
-        self._start, self._stop = consumer_range(total, world.consumers, world.consumer, drop_remainder=plan.epochs is not None)
+        self._start, self._stop = consumer_range(
+            total, world.consumers, world.consumer, drop_remainder=plan.epochs is not None
+        )
         if plan.epochs is None and self._start == self._stop:
             raise TidalError(
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
@@ -79,6 +83,9 @@ class ReadIterator:
             self._first, self._epoch, self._pos = int(state["first_epoch"]), int(state["epoch"]), int(state["pos"])
             if not self._start <= self._pos <= self._stop:
                 raise StateError(f"position {self._pos} is outside this reader's range {self._start}..{self._stop}")
+
+    def stats(self) -> dict:
+        return {"rows_read": self.rows_read, "skipped": self.skipped}
 
     def state(self) -> dict:
         return {"first_epoch": self._first, "epoch": self._epoch, "pos": self._pos}
@@ -120,6 +127,9 @@ class ReadIterator:
         tables, masks, any_skipped = [], [], False
         for shard, a, z in order.slices(b):
             piece = self._reader(shard).read(a, z)
+            self.rows_read += z - a
+            if piece.valid is not None:
+                self.skipped += int((~piece.valid).sum())
             tables.append(piece.table)
             masks.append(np.ones(z - a, dtype=bool) if piece.valid is None else piece.valid)
             any_skipped |= piece.valid is not None

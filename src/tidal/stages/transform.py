@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal.stages import StageIterator
-from tidal.tables import Table, keep, length, records
+from tidal.tables import Table, keep, records
 
 
 class MapIterator:

@@ -1,0 +1,49 @@
+"""Small real datasets on disk, made fresh in each test's tmp_path."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+
+def write_jsonl(path: Path, records: list[dict], compression: str | None = None) -> Path:
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    if compression == "gzip":
+        data = gzip.compress(data)
+    elif compression == "zstd":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def write_parquet(path: Path, records: list[dict], row_group_size: int = 7) -> Path:
+    pq.write_table(pa.Table.from_pylist(records), path, row_group_size=row_group_size)
+    return path
+
+
+def make_shards(root: Path, sizes: list[int], kinds: tuple[str, ...] = ("jsonl", "jsonl.zst", "parquet")) -> Path:
+    """Shards whose records carry consecutive ids: shard k holds ids [sum(sizes[:k]), ...)."""
+    root.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for k, n in enumerate(sizes):
+        recs = [{"id": start + i, "text": f"record {start + i} of shard {k}"} for i in range(n)]
+        kind = kinds[k % len(kinds)]
+        path = root / f"part-{k:03d}.{kind}"
+        if kind == "parquet":
+            write_parquet(path, recs)
+        else:
+            write_jsonl(path, recs, {"jsonl": None, "jsonl.gz": "gzip", "jsonl.zst": "zstd"}[kind])
+        start += n
+    return root
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    """Nine shards of unequal sizes (130 records) in three formats."""
+    return make_shards(tmp_path / "data", [5, 23, 1, 17, 30, 2, 11, 29, 12])

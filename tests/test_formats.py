@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import write_jsonl, write_parquet
+
+import tidal
+
+RECORDS = [{"id": i, "text": f"line {i}", "score": i / 2} for i in range(25)]
+
+
+@pytest.mark.parametrize("name,compression", [
+    ("a.jsonl", None), ("a.jsonl.gz", "gzip"), ("a.jsonl.zst", "zstd"), ("a.ndjson", None),
+])  # fmt: skip
+def test_jsonl_reads_every_record_in_order(tmp_path: Path, name: str, compression: str | None) -> None:
+    write_jsonl(tmp_path / name, RECORDS, compression)
+    assert list(tidal.Dataset(tmp_path / name)) == RECORDS
+
+
+def test_parquet_reads_projected_columns_across_row_groups(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "a.parquet", RECORDS, row_group_size=4)
+    ds = tidal.Dataset(tmp_path / "a.parquet", columns=["text", "id"])
+    assert list(ds) == [{"text": r["text"], "id": r["id"]} for r in RECORDS]
+
+
+@pytest.mark.parametrize("suffix,compress", [(".txt", None), (".txt.gz", "gzip"), (".text.zst", "zstd")])
+def test_text_yields_non_empty_lines(tmp_path: Path, suffix: str, compress: str | None) -> None:
+    import gzip
+
+    import zstandard
+
+    raw = b"first\n\nsecond line\r\n  \nlast without newline"
+    data = {None: raw, "gzip": gzip.compress(raw) if compress == "gzip" else b"",
+            "zstd": zstandard.ZstdCompressor().compress(raw)}[compress]  # fmt: skip
+    (tmp_path / f"a{suffix}").write_bytes(data)
+    texts = [r["text"] for r in tidal.Dataset(tmp_path / f"a{suffix}")]
+    assert texts == ["first", "second line", "  ", "last without newline"]
+
+
+def test_format_override_reads_an_unknown_ending(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "records.log", RECORDS[:3])
+    assert [r["id"] for r in tidal.Dataset(tmp_path / "records.log", format="jsonl")] == [0, 1, 2]
+    with pytest.raises(tidal.FormatError, match=r"records.log: no reader"):
+        tidal.Dataset(tmp_path / "records.log")
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": 0}\n\n{"id": 1}\n{"id": 2,,}\n{"id": 3}\n')
+    with pytest.raises(tidal.RecordError, match=r"bad.jsonl, line 4: malformed JSON") as err:
+        list(tidal.Dataset(path))
+    assert err.value.path == str(path) and err.value.line == 4
+
+
+def test_json_line_that_is_not_an_object_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "arr.jsonl"
+    path.write_text('{"id": 0}\n[1, 2]\n')
+    with pytest.raises(tidal.RecordError, match=r"line 2: .*expected a JSON object"):
+        list(tidal.Dataset(path))
+
+
+def test_missing_column_in_json_record_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "a"}\n{"body": "b"}\n')
+    with pytest.raises(tidal.RecordError, match=r"line 2: .*no field 'text'"):
+        list(tidal.Dataset(path, columns=["text"]))
+
+
+def test_skip_drops_bad_records_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": 0}\n{oops\n{"id": 2}\nnot json\n{"id": 4}\n')
+    assert [r["id"] for r in tidal.Dataset(path, errors="skip")] == [0, 2, 4]
+    shuffled = tidal.Dataset(path, errors="skip").shuffle(seed=3).batch(2, drop_last=False)
+    assert sorted(i for b in shuffled for i in b["id"].tolist()) == [0, 2, 4]
+
+
+def test_non_utf8_text_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"good\nbad \xff\xfe byte\nfine\n")
+    with pytest.raises(tidal.RecordError, match=r"a.txt, line 2: not UTF-8"):
+        list(tidal.Dataset(path))
+    assert [r["text"] for r in tidal.Dataset(path, errors="skip")] == ["good", "fine"]
+
+
+def test_unreadable_parquet_file_names_the_file(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "good.parquet", RECORDS[:4])
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(tidal.FormatError, match=r"broken.parquet: not a readable Parquet file"):
+        tidal.Dataset(tmp_path)
+    assert [r["id"] for r in tidal.Dataset(tmp_path, errors="skip")] == [0, 1, 2, 3]
+
+
+def test_corrupt_parquet_row_group_names_file_and_row(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "a.parquet", [{"id": i, "text": "x" * 50 + str(i)} for i in range(30)], 10)
+    meta = pq.ParquetFile(path).metadata
+    col = meta.row_group(1).column(1)
+    start = col.dictionary_page_offset or col.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + col.total_compressed_size] = b"\x00" * col.total_compressed_size
+    path.write_bytes(bytes(data))
+    with pytest.raises(tidal.RecordError, match=r"a.parquet, row 10: unreadable row group 1"):
+        list(tidal.Dataset(path))
+    assert [r["id"] for r in tidal.Dataset(path, errors="skip")] == list(range(10)) + list(range(20, 30))
+
+
+def test_empty_files_are_datasets_with_no_records(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.txt").write_text("\n\n")
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}), tmp_path / "empty.parquet")
+    ds = tidal.Dataset(tmp_path)
+    assert ds.num_records == 0 and list(ds) == [] and list(ds.batch(4, drop_last=False)) == []
+    with pytest.raises(tidal.TidalError, match="no records, so it cannot repeat forever"):
+        list(ds.repeat())
+
+
+def test_missing_paths_say_which(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", RECORDS[:2])
+    with pytest.raises(tidal.SourceError, match=r"nope.jsonl: no such file"):
+        tidal.Dataset([tmp_path / "a.jsonl", tmp_path / "nope.jsonl"])
+    with pytest.raises(tidal.SourceError, match=r"\*.parquet: the pattern matches no file"):
+        tidal.Dataset(str(tmp_path / "*.parquet"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(tidal.SourceError, match="holds no file tidal can read"):
+        tidal.Dataset(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError):  # SourceError is a FileNotFoundError too
+        tidal.Dataset(tmp_path / "gone")
+
+
+def test_recursive_glob_and_lists_keep_a_stable_order(tmp_path: Path) -> None:
+    for d, ids in [("b/deep", [3]), ("a", [1]), ("a/x", [2])]:
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+        write_jsonl(tmp_path / d / f"s{ids[0]}.jsonl", [{"id": i} for i in ids])
+    glob_ids = [r["id"] for r in tidal.Dataset(str(tmp_path / "**" / "*.jsonl"))]
+    assert glob_ids == [1, 2, 3]
+    list_ids = [r["id"] for r in tidal.Dataset([tmp_path / "b", tmp_path / "a"])]
+    assert list_ids == [3, 1, 2]

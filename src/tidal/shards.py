@@ -56,17 +56,15 @@ def resolve(src: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     for entry in entries:
         path = os.path.abspath(os.path.expanduser(os.fspath(entry)))
         if glob.has_magic(path):
-            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p) and not _hidden(p))
+            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))  # glob skips dot files
             if not found:
                 raise SourceError(f"{entry}: the pattern matches no file")
         elif os.path.isdir(path):
-            found = sorted(
-                os.path.join(d, f)
-                for d, dirs, names in os.walk(path)
-                for f in names
-                if not f.startswith((".", "_")) and known_ending(f)
-                if not _hidden(d[len(path) :])
-            )
+            found = []
+            for d, dirs, names in os.walk(path):
+                dirs[:] = [x for x in dirs if not x.startswith(".")]
+                found += [os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(f)]
+            found.sort()
             if not found:
                 raise SourceError(f"{entry}: the directory holds no file tidal can read")
         elif os.path.isfile(path):
@@ -78,10 +76,6 @@ def resolve(src: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
         dup = next(f for f in files if files.count(f) > 1)
         raise SourceError(f"{dup} is named twice in the source")
     return files
-
-
-def _hidden(path: str) -> bool:
-    return any(part.startswith(".") for part in Path(path).parts if part not in (".", ".."))
 
 
 def index(files: list[str], format: str | None = None, errors: Errors = "raise") -> list[Shard]:
@@ -109,7 +103,7 @@ def index(files: list[str], format: str | None = None, errors: Errors = "raise")
 
 
 def _key(path: str, root: str, format: str | None) -> str:
-    rel = os.path.relpath(path, root)
+    rel = path[len(root) :].lstrip(os.sep)  # ``root`` is a prefix of every path: cheaper than relpath
     return rel if format is None else f"{rel}#{format}"
 
 

@@ -100,3 +100,12 @@ def test_arguments_that_would_reorder_or_rebatch_are_refused(data: Path) -> None
         tidal.DataLoader(ds, batch_size=4)
     with pytest.raises(ValueError, match="shuffle= does not apply"):
         tidal.DataLoader(tidal.Dataset(data), shuffle=True)
+
+
+def test_a_bad_record_in_a_worker_raises_naming_file_and_line(tmp_path: Path) -> None:
+    make_shards(tmp_path / "data", [20, 20])
+    with (tmp_path / "data" / "part-000.jsonl").open("a") as f:
+        f.write('{"id": 99, "text": \n')
+    loader = tidal.DataLoader(tidal.Dataset(tmp_path / "data").batch(4), num_workers=2)
+    with pytest.raises(tidal.RecordError, match=r"part-000.jsonl, line 21: malformed JSON"):
+        list(loader)

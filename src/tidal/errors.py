@@ -26,24 +26,16 @@ class FormatError(TidalError, ValueError):
 
 
 class RecordError(TidalError, ValueError):
-    """A malformed record; ``path`` and ``line`` (1-based) or ``row`` (0-based) say where."""
+    """A malformed record; ``path`` and ``line`` (1-based) or ``row`` (0-based) say where.
 
-    def __init__(self, message: str, *, path: str, line: int | None = None, row: int | None = None):
+    Built from a message alone (as torch does when re-raising a worker's error in the
+    main process), the message is kept as it is.
+    """
+
+    def __init__(self, message: str, *, path: str = "", line: int | None = None, row: int | None = None):
         where = f"{path}, line {line}" if line is not None else f"{path}, row {row}" if row is not None else path
-        super().__init__(f"{where}: {message}")
-        self.path = path
-        self.line = line
-        self.row = row
-
-    def __reduce__(self):  # keep the fields when the error crosses a process boundary
-        return _rebuild_record_error, (str(self), self.path, self.line, self.row)
-
-
-def _rebuild_record_error(text: str, path: str, line: int | None, row: int | None) -> RecordError:
-    err = RecordError.__new__(RecordError)
-    Exception.__init__(err, text)
-    err.path, err.line, err.row = path, line, row
-    return err
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path, self.line, self.row = path, line, row
 
 
 class StateError(TidalError, ValueError):

@@ -32,10 +32,12 @@ DEFAULT_SHARDS_PER_BLOCK = 8
 
 @dataclass(frozen=True)
 class _Stage:
-    kind: str  # "map" | "filter" | "batch"
-    fn: Callable[[Any], Any] | None = None
-    size: int = 0
-    drop_last: bool = True
+    """One link of the chain: how to build its iterator over an upstream one."""
+
+    kind: str
+    build: Callable[[StageIterator, dict | None], StageIterator]
+    desc: tuple = ()  # what decides its output, for the fingerprint
+    nested: bool = False  # its state wraps its upstream's: {"upstream": ..., ...}
 
 
 class Dataset:
@@ -128,7 +130,7 @@ class Dataset:
         >>> ds.map(lambda r: {**r, "n": len(r["text"])})
         """
         self._before_batch("map")
-        return self._with(stage=_Stage("map", fn))
+        return self._with(stage=_Stage("map", lambda up, _: MapIterator(up, fn)))
 
     def filter(self, fn: Callable[[Any], bool]) -> Dataset:
         """Keep the records for which ``fn`` is true.
@@ -139,7 +141,7 @@ class Dataset:
         >>> ds.filter(lambda r: len(r["text"]) > 100)
         """
         self._before_batch("filter")
-        return self._with(stage=_Stage("filter", fn))
+        return self._with(stage=_Stage("filter", lambda up, _: FilterIterator(up, fn)))
 
     def batch(self, size: int, drop_last: bool = True) -> Dataset:
         """Group records into dicts of columns: numpy arrays where values share a shape, else lists.
@@ -149,7 +151,70 @@ class Dataset:
         self._before_batch("batch")
         if size < 1:
             raise ValueError(f"batch size must be at least 1, not {size}")
-        return self._with(stage=_Stage("batch", size=size, drop_last=drop_last))
+        build = lambda up, _: BatchIterator(up, size, drop_last)  # noqa: E731
+        return self._with(stage=_Stage("batch", build, (size, drop_last)))
+
+    def tokenize(
+        self,
+        tokenizer: Any,
+        column: str = "text",
+        *,
+        eos: bool | int | str = True,
+        max_length: int | None = None,
+    ) -> Dataset:
+        """Replace the text ``column`` by ``input_ids``, a compact numpy array of token ids.
+
+        ``tokenizer`` is a path to ``tokenizer.json`` (or its directory), a
+        ``tokenizers.Tokenizer`` or a ``transformers`` tokenizer. An EOS token is appended to
+        every document (``eos=True`` finds the tokenizer's; pass a token or id, or ``False``).
+        No truncation unless ``max_length`` is given: packing handles long documents.
+
+        >>> ds.tokenize("tokenizer.json").pack(2048).batch(8)
+        """
+        from tidal.stages.tokenize import TokenizeIterator, load
+
+        self._before_batch("tokenize")
+        tok = load(tokenizer, eos)
+        build = lambda up, _: TokenizeIterator(up, tok, column, max_length)  # noqa: E731
+        return self._with(stage=_Stage("tokenize", build, (column, tok.eos_id, str(tok.dtype), max_length)))
+
+    def pack(
+        self,
+        seq_len: int,
+        strategy: str = "concat",
+        *,
+        shift_labels: bool = True,
+        mask_boundaries: bool = False,
+        pad_id: int | None = None,
+        buffer_size: int = 256,
+    ) -> Dataset:
+        """Pack tokenized documents into sequences of ``seq_len`` tokens for causal LM training.
+
+        ``strategy="concat"`` joins documents and cuts every ``seq_len`` tokens (only the last
+        remainder of the stream, shorter than a sequence, is dropped). ``"best_fit"`` packs a
+        buffer of about ``buffer_size`` sequences' worth of documents best-fit-decreasing,
+        cutting only documents longer than ``seq_len``, and pads with ``pad_id`` (default: the
+        EOS id, else 0). Each sequence has ``input_ids``, ``labels``, ``position_ids`` and
+        ``segment_ids``; see :mod:`tidal.stages.pack` for their exact meaning.
+
+        >>> ds.tokenize(tok).pack(2048, "best_fit", mask_boundaries=True)
+        """
+        from tidal.stages.pack import BestFitPackIterator, ConcatPackIterator, PackConfig
+
+        self._before_batch("pack")
+        if not any(s.kind == "tokenize" for s in self._stages):
+            raise ValueError("pack() packs token ids: call tokenize() first")
+        if strategy not in ("concat", "best_fit"):
+            raise ValueError(f"strategy must be 'concat' or 'best_fit', not {strategy!r}")
+        if seq_len < 1 or buffer_size < 1:
+            raise ValueError("seq_len and buffer_size must be at least 1")
+        if pad_id is None:
+            tok_desc = next(s.desc for s in reversed(self._stages) if s.kind == "tokenize")
+            pad_id = tok_desc[1] if tok_desc[1] is not None else 0
+        cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size)
+        kind = BestFitPackIterator if strategy == "best_fit" else ConcatPackIterator
+        build = lambda up, state: kind(up, cfg, state)  # noqa: E731
+        return self._with(stage=_Stage("pack", build, tuple(vars(cfg).values()), nested=True))
 
     # -- facts -----------------------------------------------------------------------
 
@@ -176,7 +241,7 @@ class Dataset:
             p.block_size,
             p.shards_per_block,
             p.epochs,
-            [(s.kind, s.size, s.drop_last) for s in self._stages],
+            [(s.kind, s.desc) for s in self._stages],
         ]
         return hashlib.sha1(json.dumps(desc, default=str).encode()).hexdigest()[:16]
 
@@ -207,23 +272,21 @@ class Dataset:
 
     def __repr__(self) -> str:
         p = self._plan
-        chain = "".join(f".{s.kind}({s.size if s.kind == 'batch' else ''})" for s in self._stages)
+        chain = "".join(f".{s.kind}({', '.join(map(str, s.desc))})" for s in self._stages)
         shuffled = f".shuffle({p.seed})" if p.seed is not None else ""
         return f"Dataset({len(p.shards)} shards, {p.total} records){shuffled}.repeat({p.epochs}){chain}"
 
-    def _build(self, world: World, upstream_state: dict | None, first_epoch: int) -> tuple[ReadIterator, StageIterator]:
-        source = ReadIterator(self._plan, world, upstream_state, first_epoch)
-        it: StageIterator = source
-        for s in self._stages:
-            if s.kind == "map":
-                assert s.fn is not None
-                it = MapIterator(it, s.fn)
-            elif s.kind == "filter":
-                assert s.fn is not None
-                it = FilterIterator(it, s.fn)
-            else:
-                it = BatchIterator(it, s.size, s.drop_last)
-        return source, it
+    def _build(self, world: World, state: dict | None, first_epoch: int) -> list[StageIterator]:
+        """The chain of iterators, source first, each restored from its part of ``state``."""
+        outputs = []  # the state of each stage's output, top first
+        for s in reversed(self._stages):
+            outputs.append(state)
+            if s.nested and state is not None:
+                state = state["upstream"]
+        chain: list[StageIterator] = [ReadIterator(self._plan, world, state, first_epoch)]
+        for s, out in zip(self._stages, reversed(outputs), strict=True):
+            chain.append(s.build(chain[-1], out if s.nested else None))
+        return chain
 
 
 class DatasetIterator(Iterator[Any]):
@@ -244,7 +307,8 @@ class DatasetIterator(Iterator[Any]):
         if state:
             self._check(state)
             upstream, skip = state["position"], int(state["skip"])
-        self._source, self._stages = dataset._build(world, upstream, first_epoch)
+        self._chain = dataset._build(world, upstream, first_epoch)
+        self._stages = self._chain[-1]
         self._chunk: list[Any] = []
         self._at = 0
         self._chunk_state = self._stages.state()
@@ -285,8 +349,12 @@ class DatasetIterator(Iterator[Any]):
         return item
 
     def stats(self) -> dict:
-        """Counters: items yielded, rows read from files, bad records skipped."""
-        return {"items": self.items, **self._source.stats()}
+        """Counters: items yielded, rows read, bad records skipped, tokens, padding (per stage)."""
+        out = {"items": self.items}
+        for stage in self._chain:
+            if hasattr(stage, "stats"):
+                out.update(stage.stats())
+        return out
 
     def state(self) -> dict:
         """Small and JSON-able: restores to exactly the next item."""

@@ -1,0 +1,280 @@
+"""Packing: token streams into fixed-length sequences for causal language models.
+
+Every sequence carries ``input_ids``, ``labels``, ``position_ids`` (restarting at each
+document, and at the start of the sequence) and ``segment_ids`` (1, 2, ... per document
+piece in the sequence, 0 on padding), which varlen attention kernels take as document
+boundaries; :func:`cu_seqlens` turns a batch's ``position_ids`` into the cumulative lengths
+FlashAttention's varlen functions want.
+
+``labels``: with ``shift_labels=True`` (default) ``labels[i]`` is the token that follows
+``input_ids[i]``, ready for a plain cross-entropy; with ``shift_labels=False`` they are
+aligned with ``input_ids``, for models that shift internally (Hugging Face). Padding, and
+with ``mask_boundaries=True`` every prediction across a document boundary, is ``-100``.
+
+Strategies:
+
+- ``concat``: documents (each ending in EOS) joined and cut every ``seq_len`` tokens. No
+  token is lost except the last remainder of the stream, shorter than one sequence.
+- ``best_fit``: best-fit-decreasing over a buffer of about ``buffer_size`` sequences' worth of
+  documents; a document is cut only when it is longer than ``seq_len``. Sequences are padded
+  with ``pad_id``; ``stats()`` reports the padding fraction.
+
+State is a position, never a token buffer: the upstream position where the current chunk
+(concat) or buffer (best_fit) began, plus an offset into it. A restore re-reads and
+re-tokenizes that one chunk or buffer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from tidal.errors import TidalError
+from tidal.stages import StageIterator
+from tidal.tables import Table, records
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    seq_len: int
+    strategy: str = "concat"
+    shift_labels: bool = True
+    mask_boundaries: bool = False
+    pad_id: int = 0
+    buffer_size: int = 256
+    chunk_docs: int = 256
+
+
+def _doc_tokens(recs: list, column: str = "input_ids") -> list[np.ndarray]:
+    try:
+        docs = [np.asarray(r[column]) for r in recs]
+    except (KeyError, TypeError):
+        raise TidalError(f"pack() needs records with {column!r}: call tokenize() first") from None
+    return docs
+
+
+def _window(tokens: np.ndarray, starts: np.ndarray, cfg: PackConfig) -> dict:
+    """One concat sequence from ``seq_len`` tokens (one more when labels shift) and the mask
+    of where documents start among them."""
+    L = cfg.seq_len
+    idx = np.arange(L)
+    begins = starts[:L].copy()
+    begins[0] = True  # the sequence itself starts a piece
+    if cfg.shift_labels:
+        labels = tokens[1 : L + 1].astype(np.int64)
+        if cfg.mask_boundaries:
+            labels[starts[1 : L + 1]] = IGNORE
+    else:
+        labels = tokens[:L].astype(np.int64)
+        if cfg.mask_boundaries:
+            labels[1:][starts[1:L]] = IGNORE
+    return {
+        "input_ids": tokens[:L].copy(),
+        "labels": labels,
+        "position_ids": idx - np.maximum.accumulate(np.where(begins, idx, 0)),
+        "segment_ids": np.cumsum(begins, dtype=np.int32),
+    }
+
+
+class _Chunk:
+    """Documents pulled in one upstream call, flattened, and where that call started."""
+
+    def __init__(self, state: dict, docs: list[np.ndarray], dtype: np.dtype):
+        self.state = state
+        self.tokens = np.concatenate(docs) if docs else np.zeros(0, dtype=dtype)
+        lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
+        self.starts = np.zeros(len(self.tokens), dtype=bool)
+        self.starts[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
+
+
+class ConcatPackIterator:
+    def __init__(self, upstream: StageIterator, cfg: PackConfig, state: dict | None):
+        self._up, self._cfg = upstream, cfg
+        self._chunks: deque[_Chunk] = deque()
+        self._pos = 0  # token offset into the first chunk
+        self._ended = False
+        self._dtype = np.dtype(np.int64)
+        self.sequences = self.tokens = 0
+        if state is not None:
+            self._pull()
+            self._pos = int(state["token"])
+            if self._chunks and self._pos > len(self._chunks[0].tokens):
+                raise TidalError(f"pack state points at token {self._pos} of a chunk of {len(self._chunks[0].tokens)}")
+
+    def _pull(self) -> None:
+        state = self._up.state()
+        try:
+            recs = records(self._up.next(self._cfg.chunk_docs))
+        except StopIteration:
+            self._ended = True
+            return
+        docs = _doc_tokens(recs)
+        if docs:
+            self._dtype = docs[0].dtype
+        self._chunks.append(_Chunk(state, docs, self._dtype))
+
+    def _available(self) -> int:
+        return sum(len(c.tokens) for c in self._chunks) - self._pos
+
+    def next(self, max_items: int) -> Table:
+        cfg = self._cfg
+        need = cfg.seq_len + (1 if cfg.shift_labels else 0)
+        out: list[dict] = []
+        while len(out) < max_items:
+            while self._available() < need and not self._ended:
+                self._pull()
+            if self._available() < need:
+                break  # the remainder of the stream, shorter than a sequence
+            tokens, starts = self._gather(need)
+            out.append(_window(tokens, starts, cfg))
+            self._pos += cfg.seq_len
+            while self._chunks and self._pos >= len(self._chunks[0].tokens):
+                self._pos -= len(self._chunks.popleft().tokens)
+        if not out:
+            raise StopIteration
+        self.sequences += len(out)
+        self.tokens += len(out) * cfg.seq_len
+        return out
+
+    def _gather(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        toks: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
+        pos, have = self._pos, 0
+        for c in self._chunks:
+            if pos >= len(c.tokens):
+                pos -= len(c.tokens)
+                continue
+            take = min(n - have, len(c.tokens) - pos)
+            toks.append(c.tokens[pos : pos + take])
+            starts.append(c.starts[pos : pos + take])
+            pos, have = 0, have + take
+            if have == n:
+                break
+        return np.concatenate(toks), np.concatenate(starts)
+
+    def state(self) -> dict:
+        if not self._chunks:  # the next chunk starts where upstream is now
+            return {"upstream": self._up.state(), "token": 0}
+        return {"upstream": self._chunks[0].state, "token": self._pos}
+
+    def stats(self) -> dict:
+        return {"sequences": self.sequences, "packed_tokens": self.tokens}
+
+    def close(self) -> None:
+        self._up.close()
+
+
+class BestFitPackIterator:
+    def __init__(self, upstream: StageIterator, cfg: PackConfig, state: dict | None):
+        self._up, self._cfg = upstream, cfg
+        self._bins: list[dict] = []
+        self._emitted = 0
+        self._buffer_state: dict | None = None
+        self.sequences = self.tokens = self.padding = 0
+        if state is not None:
+            self._fill()
+            self._emitted = int(state["emitted"])
+            if self._emitted > len(self._bins):
+                raise TidalError(f"pack state skips {self._emitted} sequences of a buffer of {len(self._bins)}")
+
+    def _fill(self) -> None:
+        cfg = self._cfg
+        self._buffer_state = self._up.state()
+        self._bins, self._emitted = [], 0
+        docs: list[np.ndarray] = []
+        budget = cfg.buffer_size * cfg.seq_len
+        total = 0
+        while total < budget:
+            try:
+                recs = records(self._up.next(cfg.chunk_docs))
+            except StopIteration:
+                break
+            new = _doc_tokens(recs)
+            docs += new
+            total += sum(len(d) for d in new)
+        if docs:
+            self._bins = self._pack(docs)
+
+    def _pack(self, docs: list[np.ndarray]) -> list[dict]:
+        L = self._cfg.seq_len
+        pieces = [(d, a, min(a + L, len(doc))) for d, doc in enumerate(docs) for a in range(0, len(doc), L)]
+        pieces.sort(key=lambda p: p[1] - p[2])  # longest first; stable, so ties keep stream order
+        free: list[tuple[int, int]] = []  # (room left, bin) sorted
+        bins: list[list[tuple[int, int, int]]] = []
+        for piece in pieces:
+            size = piece[2] - piece[1]
+            k = bisect.bisect_left(free, (size, -1))
+            if k == len(free):
+                bins.append([piece])
+                room, b = L - size, len(bins) - 1
+            else:
+                room, b = free.pop(k)
+                bins[b].append(piece)
+                room -= size
+            if room > 0:
+                bisect.insort(free, (room, b))
+        return [self._sequence(docs, content) for content in bins]
+
+    def _sequence(self, docs: list[np.ndarray], pieces: list[tuple[int, int, int]]) -> dict:
+        cfg, L = self._cfg, self._cfg.seq_len
+        input_ids = np.full(L, cfg.pad_id, dtype=docs[0].dtype)
+        labels = np.full(L, IGNORE, dtype=np.int64)
+        position_ids = np.zeros(L, dtype=np.int64)
+        segment_ids = np.zeros(L, dtype=np.int32)
+        at = 0
+        for k, (d, a, z) in enumerate(pieces):
+            doc, n = docs[d], z - a
+            input_ids[at : at + n] = doc[a:z]
+            position_ids[at : at + n] = np.arange(n)
+            segment_ids[at : at + n] = k + 1
+            if cfg.shift_labels:  # the last label is the document's next token if it goes on past the cut
+                labels[at : at + n - 1] = doc[a + 1 : z]
+                labels[at + n - 1] = doc[z] if z < len(doc) else IGNORE
+            else:  # the first token of a piece cannot be predicted from the piece before it
+                labels[at + 1 : at + n] = doc[a + 1 : z]
+            at += n
+        self.padding += L - at
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "segment_ids": segment_ids}
+
+    def next(self, max_items: int) -> Table:
+        out: list[dict] = []
+        while len(out) < max_items:
+            if self._emitted >= len(self._bins):
+                self._fill()
+                if not self._bins:
+                    break
+            take = self._bins[self._emitted : self._emitted + max_items - len(out)]
+            out += take
+            self._emitted += len(take)
+        if not out:
+            raise StopIteration
+        self.sequences += len(out)
+        self.tokens += len(out) * self._cfg.seq_len
+        return out
+
+    def state(self) -> dict:
+        if self._emitted >= len(self._bins) or self._buffer_state is None:
+            return {"upstream": self._up.state(), "emitted": 0}
+        return {"upstream": self._buffer_state, "emitted": self._emitted}
+
+    def stats(self) -> dict:
+        total = self.tokens
+        return {"sequences": self.sequences, "padding": self.padding / total if total else 0.0}
+
+    def close(self) -> None:
+        self._up.close()
+
+
+def cu_seqlens(position_ids: np.ndarray) -> np.ndarray:
+    """Cumulative document lengths of a flattened batch, for FlashAttention's varlen functions.
+
+    >>> cu_seqlens(batch["position_ids"])   # int32 array: [0, len0, len0+len1, ..., B*L]
+    """
+    flat = np.asarray(position_ids).reshape(-1)
+    starts = np.flatnonzero(flat == 0)
+    return np.concatenate([starts, [len(flat)]]).astype(np.int32)

@@ -1,0 +1,120 @@
+"""Tokenization: a text column into compact numpy arrays of token ids, many documents per call.
+
+Documents are encoded with ``encode_batch_fast`` of Hugging Face ``tokenizers`` (its Rust
+thread pool; no offsets computed), so the cost per document is the tokenizer's own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tidal.errors import TidalError
+from tidal.stages import StageIterator
+from tidal.tables import Table, records
+
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", "[SEP]")
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A loaded tokenizer and what tidal needs of it: how to encode, the EOS id, the id dtype."""
+
+    backend: Any  # tokenizers.Tokenizer, or a transformers tokenizer without a fast backend
+    eos_id: int | None
+    dtype: np.dtype
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if hasattr(self.backend, "encode_batch_fast"):
+            return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return self.backend(texts, add_special_tokens=False)["input_ids"]
+
+
+def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
+    """Accept a path to ``tokenizer.json``, a ``tokenizers.Tokenizer`` or a ``transformers`` tokenizer."""
+    hf_eos: int | None = None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from tokenizers import Tokenizer as Rust
+
+        path = os.fspath(tokenizer)
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise TidalError(f"{tokenizer}: no tokenizer.json there")
+        backend = Rust.from_file(path)
+    elif hasattr(tokenizer, "encode_batch_fast") or hasattr(tokenizer, "encode_batch"):
+        backend = tokenizer
+    elif hasattr(tokenizer, "backend_tokenizer") or callable(tokenizer):
+        hf_eos = getattr(tokenizer, "eos_token_id", None)
+        backend = getattr(tokenizer, "backend_tokenizer", None) or tokenizer
+    else:
+        raise TypeError(f"not a tokenizer: {type(tokenizer).__name__}")
+    vocab = backend.get_vocab_size() if hasattr(backend, "get_vocab_size") else len(backend)  # type: ignore[arg-type]
+    dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+    return Tokenizer(backend, _eos_id(backend, eos, hf_eos), dtype)
+
+
+def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | None:
+    if eos is False:
+        return None
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return eos
+    if isinstance(eos, str):
+        token = backend.token_to_id(eos) if hasattr(backend, "token_to_id") else backend.convert_tokens_to_ids(eos)
+        if token is None:
+            raise TidalError(f"the tokenizer has no token {eos!r} to use as EOS")
+        return int(token)
+    if hf_eos is not None:
+        return int(hf_eos)
+    for candidate in _EOS_CANDIDATES:
+        token = backend.token_to_id(candidate) if hasattr(backend, "token_to_id") else None
+        if token is not None:
+            return int(token)
+    raise TidalError(
+        "cannot tell this tokenizer's end-of-document token: pass eos='<token>' or eos=<id>, or eos=False for none"
+    )
+
+
+class TokenizeIterator:
+    """Replaces ``column`` (a string) by ``input_ids`` (a numpy array) in every record."""
+
+    def __init__(self, upstream: StageIterator, tokenizer: Tokenizer, column: str, max_length: int | None):
+        self._up, self._tok, self._column, self._max_length = upstream, tokenizer, column, max_length
+        self.documents = 0
+        self.tokens = 0
+
+    def next(self, max_items: int) -> Table:
+        table = self._up.next(max_items)
+        recs = records(table)
+        column = self._column
+        try:
+            texts = [r[column] for r in recs]
+        except (KeyError, TypeError):
+            raise TidalError(f"tokenize: records need a {column!r} column; got {sorted(recs[0])}") from None
+        if not all(isinstance(t, str) for t in texts):
+            bad = next(t for t in texts if not isinstance(t, str))
+            raise TidalError(f"tokenize: column {column!r} must hold strings, found {type(bad).__name__}")
+        eos, dtype, cap = self._tok.eos_id, self._tok.dtype, self._max_length
+        out = []
+        for rec, ids in zip(recs, self._tok.encode(texts), strict=True):
+            if cap is not None:
+                ids = ids[: cap - (eos is not None)]
+            if eos is not None:
+                ids.append(eos)
+            arr = np.array(ids, dtype=dtype)
+            self.tokens += len(arr)
+            out.append({**{k: v for k, v in rec.items() if k != column}, "input_ids": arr})
+        self.documents += len(out)
+        return out
+
+    def stats(self) -> dict:
+        return {"documents": self.documents, "tokens": self.tokens}
+
+    def state(self) -> dict:
+        return self._up.state()
+
+    def close(self) -> None:
+        self._up.close()

@@ -53,7 +53,7 @@ class TidalTrainer(Trainer):
         self._data_loader: DataLoader | None = None
         self._data_state: dict | None = None
 
-    def get_train_dataloader(self) -> DataLoader:  # type: ignore[override]
+    def get_train_dataloader(self) -> DataLoader:
         if self._data_loader is None:
             ds = self.train_dataset
             assert isinstance(ds, Dataset)
@@ -73,7 +73,7 @@ class TidalTrainer(Trainer):
     def _prepare_inputs(self, inputs: Any) -> Any:
         if isinstance(inputs, dict):
             self._set_signature_columns_if_needed()
-            keep = set(self._signature_columns or ())
+            keep: set[str] = set(self._signature_columns or ())
             inputs = {k: v for k, v in inputs.items() if k in keep}
         return super()._prepare_inputs(inputs)
 

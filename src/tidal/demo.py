@@ -1,7 +1,11 @@
-"""The demo: a sharded corpus made on this machine, streamed shuffled through 2 workers,
-stopped mid-epoch, resumed in a new process from the saved state, and checked identical.
+"""The demo: train a small GPT-style model on a text stream, interrupt it, resume it exactly.
 
-The corpus is the docstrings of Python's standard library, so it needs no network.
+With no network and no credentials: the corpus is the docstrings of Python's standard
+library, written as sharded JSON lines and Parquet; a byte-level BPE tokenizer is trained on
+it (and cached); a small GPT-2 (random initialisation, CPU) trains on the shuffled,
+tokenized, packed stream through 2 DataLoader workers. Halfway it saves a checkpoint with
+the loader's state; a new process resumes from it, and the demo checks that the resumed run
+trained on exactly the batches the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,8 +33,11 @@ MODULES = (
     "warnings", "weakref", "xml.dom.minidom", "zipfile",
 )  # fmt: skip
 SHARDS = 8
-BATCH = 16
 SEED = 2026
+VOCAB = 4096
+SEQ_LEN = 128
+BATCH = 8
+STEPS = 240
 
 
 def corpus() -> list[dict]:
@@ -78,60 +86,130 @@ def build(out: Path) -> Path:
     return out
 
 
-def dataset(root: Path):  # -> tidal.Dataset
+def tokenizer(corpus_dir: Path, out: Path) -> Path:
+    """A byte-level BPE tokenizer trained on the corpus; cached after the first run."""
+    if out.exists():
+        return out
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     import tidal
 
-    return tidal.Dataset(root, columns=["id", "text"]).shuffle(seed=SEED).batch(BATCH)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator((r["text"] for r in tidal.Dataset(corpus_dir, columns=["text"])), trainer)
+    tok.save(str(out))
+    return out
+
+
+def stream(corpus_dir: Path, tokenizer_file: Path):  # -> tidal.Dataset
+    import tidal
+
+    return (
+        tidal.Dataset(corpus_dir, columns=["text"])
+        .shuffle(seed=SEED)
+        .repeat()
+        .tokenize(tokenizer_file)
+        .pack(SEQ_LEN)
+        .batch(BATCH)
+    )
+
+
+def model():  # -> a small GPT-2
+    import torch
+    import transformers
+
+    torch.manual_seed(SEED)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ_LEN, n_embd=128, n_layer=2, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # no dropout: a resumed run can match bit for bit
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config)
 
 
 def digest(batch: dict) -> str:
-    return hashlib.sha1(json.dumps([batch["id"].tolist(), batch["text"]]).encode()).hexdigest()[:12]
+    return hashlib.sha1(batch["input_ids"].numpy().tobytes()).hexdigest()[:12]
 
 
-def resume(root: Path, state_file: Path) -> None:
-    """Run in a fresh process: restore the state and print the digests of the remaining batches."""
-    import tidal
-
-    loader = tidal.DataLoader(dataset(root), num_workers=2)
-    loader.load_state_dict(json.loads(state_file.read_text()))
-    print(json.dumps([digest(b) for b in loader]))
-
-
-def main(root: str = "demo-data") -> int:
+def train(base: Path, start: int, stop: int, save_at: int | None, desc: str) -> tuple[list[str], float]:
+    """Train steps ``start..stop`` (resuming from ``checkpoint-{start}`` when start > 0)."""
+    import torch
+    import torch.nn.functional as F
     from tqdm import tqdm
 
     import tidal
 
+    torch.set_num_threads(2)
+    net = model()
+    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    loader = tidal.DataLoader(stream(base / "docs", base / "tokenizer.json"), num_workers=2)
+    if start > 0:
+        ckpt = torch.load(base / f"checkpoint-{start}" / "train.pt")
+        net.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        loader.load_state_dict(json.loads((base / f"checkpoint-{start}" / "data.json").read_text()))
+    digests, waited, began = [], 0.0, time.perf_counter()
+    bar = tqdm(total=stop - start, desc=desc, unit="step", dynamic_ncols=True)
+    batches = iter(loader)
+    for step in range(start, stop):
+        t0 = time.perf_counter()
+        batch = next(batches)
+        waited += time.perf_counter() - t0
+        digests.append(digest(batch))
+        logits = net(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch["labels"].view(-1), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        elapsed = time.perf_counter() - began
+        tokens = (step - start + 1) * BATCH * SEQ_LEN
+        bar.set_postfix(
+            loss=f"{loss.item():.3f}", tok_s=f"{tokens / elapsed:,.0f}", data_wait=f"{waited / elapsed:.1%}"
+        )
+        bar.update()
+        if save_at is not None and step + 1 == save_at:
+            folder = base / f"checkpoint-{save_at}"
+            folder.mkdir(exist_ok=True)
+            torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict()}, folder / "train.pt")
+            (folder / "data.json").write_text(json.dumps(loader.state_dict()))
+    bar.close()
+    return digests, loss.item()
+
+
+def main(root: str = "demo-data") -> int:
     base = Path(root).resolve()
     data = build(base / "docs")
-    ds = dataset(data)
-    print(f"corpus: {ds.num_records} docstrings of the standard library in {len(ds.shards)} shards at {data}")
-    loader = tidal.DataLoader(ds, num_workers=2)
-    full = [digest(b) for b in tqdm(loader, desc="full epoch (2 workers, shuffled)", unit="batch")]
-    stop = len(full) // 2
-    loader = tidal.DataLoader(ds, num_workers=2)
-    for step, batch in enumerate(tqdm(loader, desc="interrupted run", unit="batch", total=len(full))):
-        assert digest(batch) == full[step], "two runs with the same seed differ"
-        if step + 1 == stop:
-            state = loader.state_dict()
-            break
-    state_file = base / "state.json"
-    state_file.write_text(json.dumps(state, indent=1))
-    print(f"stopped after {stop} of {len(full)} batches; saved {len(json.dumps(state))} bytes of state to {state_file}")
+    tok_file = tokenizer(data, base / "tokenizer.json")
+    import tidal
+
+    ds = tidal.Dataset(data)
+    print(f"corpus: {ds.num_records} docstrings of Python's standard library, {len(ds.shards)} shards in {data}")
+    print(f"tokenizer: byte-level BPE, {VOCAB} tokens, {tok_file}")
+    print(f"model: GPT-2, 2 layers, {SEQ_LEN}-token sequences packed on the fly, batch {BATCH}, 2 DataLoader workers")
+    half = STEPS // 2
+    full, loss = train(base, 0, STEPS, save_at=half, desc="training")
+    print(
+        f"saved a checkpoint at step {half} with the loader state ({len((base / f'checkpoint-{half}' / 'data.json').read_bytes())} bytes)"
+    )
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(
-        [sys.executable, "-m", "tidal.demo", "--resume", str(data), str(state_file)],
-        check=True, capture_output=True, text=True, env=env,
+        [sys.executable, "-m", "tidal.demo", "--resume", str(base), str(half)],
+        check=True, stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    rest = json.loads(out.stdout.strip().splitlines()[-1])
-    same = rest == full[stop:]
-    verdict = "yes" if same else "NO"
-    print(f"resumed in a new process: {len(rest)} more batches; identical to the uninterrupted run: {verdict}")
+    rest, resumed_loss = json.loads(out.stdout.strip().splitlines()[-1])
+    same = rest == full[half:]
+    print(
+        f"resumed in a new process from step {half}: trained on the same {len(rest)} batches as the uninterrupted run: {'yes' if same else 'NO'}"
+    )
+    print(f"loss at step {STEPS}: uninterrupted {loss:.4f}, resumed {resumed_loss:.4f}")
     return 0 if same else 1
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--resume":
-        resume(Path(sys.argv[2]), Path(sys.argv[3]))
+        print(json.dumps(train(Path(sys.argv[2]), int(sys.argv[3]), STEPS, None, "resumed")))
     else:
         sys.exit(main(*sys.argv[1:2]))

@@ -125,6 +125,7 @@ def model():  # -> a small GPT-2
     torch.manual_seed(SEED)
     config = transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=SEQ_LEN, n_embd=128, n_layer=2, n_head=4,
+        bos_token_id=0, eos_token_id=0,  # <|endoftext|> is the tokenizer's first token
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # no dropout: a resumed run can match bit for bit
     )  # fmt: skip
     return transformers.GPT2LMHeadModel(config)

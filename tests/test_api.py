@@ -40,6 +40,17 @@ def test_plain_iteration_works_without_torch(tmp_path: Path) -> None:
     assert out.stdout.strip() == "30"
 
 
+def train_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
+    tok.train_from_iterator([f"record {i} of shard {i % 3}" for i in range(500)], trainer)
+    tok.save(str(path))
+
+
 def readme_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 
@@ -47,5 +58,6 @@ def readme_blocks() -> list[str]:
 @pytest.mark.parametrize("index", range(len(readme_blocks())))
 def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: int) -> None:
     make_shards(tmp_path / "data" / "web", [300, 200, 250], kinds=("jsonl.zst",))
+    train_tokenizer(tmp_path / "tokenizer.json")
     monkeypatch.chdir(tmp_path)
     exec(compile(readme_blocks()[index], f"README.md block {index}", "exec"), {})

@@ -103,3 +103,51 @@ def consumer_range(total: int, consumers: int, consumer: int, *, drop_remainder:
         q = total // consumers
         return consumer * q, (consumer + 1) * q
     return consumer * total // consumers, (consumer + 1) * total // consumers
+
+
+Intervals = list[tuple[int, int]]
+
+
+def share(total: int, done: Intervals, consumers: int, consumer: int, *, drop_remainder: bool) -> Intervals:
+    """The positions one reader takes of an epoch part of which is already ``done``.
+
+    What is left is split as :func:`consumer_range` splits a whole epoch, counting only the
+    positions left; with nothing done it is exactly that range. This is what lets a state
+    saved on one topology resume on another: the new readers share what the old ones left.
+    """
+    left = complement(done, total)
+    lo, hi = consumer_range(sum(b - a for a, b in left), consumers, consumer, drop_remainder=drop_remainder)
+    return cut_intervals(left, lo, hi)
+
+
+def complement(done: Intervals, total: int) -> Intervals:
+    out, at = [], 0
+    for a, b in union(done):
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < total:
+        out.append((at, total))
+    return out
+
+
+def union(intervals: Intervals) -> Intervals:
+    out: Intervals = []
+    for a, b in sorted((int(a), int(b)) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def cut_intervals(intervals: Intervals, lo: int, hi: int) -> Intervals:
+    """The positions numbered ``lo .. hi`` when ``intervals`` are read one after another."""
+    out, at = [], 0
+    for a, b in intervals:
+        n = b - a
+        start, stop = max(lo - at, 0), min(hi - at, n)
+        if stop > start:
+            out.append((a + start, a + stop))
+        at += n
+    return out

@@ -9,7 +9,7 @@ import numpy as np
 
 from tidal.errors import StateError, TidalError
 from tidal.formats import Errors, Reader, module
-from tidal.order import EpochOrder, consumer_range
+from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
 from tidal.tables import Table, concat, cut, take
 from tidal.world import World
@@ -53,57 +53,93 @@ class _Block:
 
 
 class ReadIterator:
-    """Reads positions ``[start, stop)`` of each epoch for one consumer (rank x worker)."""
+    """Reads one consumer's (rank x worker) share of each epoch, in epoch order.
+
+    The share of an epoch is :func:`tidal.order.share` of it: with no ``origin``, a
+    contiguous range of positions; after an elastic restore, an equal part of what the
+    previous topology left of the epochs named in ``origin`` (``{"epoch": e, "done":
+    {epoch: intervals}}``), starting at its ``epoch``. State: the epoch and how many
+    positions of its share were passed (``offset``).
+    """
 
     MAX_OPEN = 64
 
-    def __init__(self, plan: ReadPlan, world: World, state: dict | None = None, first_epoch: int = 0):
+    def __init__(
+        self,
+        plan: ReadPlan,
+        world: World,
+        state: dict | None = None,
+        first_epoch: int = 0,
+        origin: dict | None = None,
+        key: str = "",
+    ):
         self._plan = plan
         self._world = world
+        self.key = key
         self._readers: OrderedDict[int, Reader] = OrderedDict()
         self._order: EpochOrder | None = None
         self._block_index = -1
         self._block: _Block | None = None
         self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
         self.skipped = 0  # bad records dropped under errors="skip"
+        self._origin = origin or {"epoch": first_epoch, "done": {}}
+        self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
         total = plan.total
         if total == 0 and plan.epochs is None:
             raise TidalError("the dataset has no records, so it cannot repeat forever")
-        self._start, self._stop = consumer_range(
-            total, world.consumers, world.consumer, drop_remainder=plan.epochs is not None
-        )
-        if plan.epochs is None and self._start == self._stop:
+        if plan.epochs is None and not share(total, [], world.consumers, world.consumer, drop_remainder=False):
             raise TidalError(
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
                 f"{world.num_workers} workers) forever: each needs at least one record per epoch"
             )
         if state is None:
-            self._first, self._epoch, self._pos = first_epoch, first_epoch, self._start
+            self._first, self._epoch, self._offset = first_epoch, int(self._origin["epoch"]), 0
         else:
-            self._first, self._epoch, self._pos = int(state["first_epoch"]), int(state["epoch"]), int(state["pos"])
-            if not self._start <= self._pos <= self._stop:
-                raise StateError(f"position {self._pos} is outside this reader's range {self._start}..{self._stop}")
+            self._first, self._epoch, self._offset = (
+                int(state["first_epoch"]),
+                int(state["epoch"]),
+                int(state["offset"]),
+            )
+            if not 0 <= self._offset <= self._share(self._epoch)[1][-1]:
+                raise StateError(f"offset {self._offset} is outside this reader's share of epoch {self._epoch}")
 
     def stats(self) -> dict:
         return {"rows_read": self.rows_read, "skipped": self.skipped}
 
     def state(self) -> dict:
-        return {"first_epoch": self._first, "epoch": self._epoch, "pos": self._pos}
+        return {"first_epoch": self._first, "epoch": self._epoch, "offset": self._offset}
+
+    def consumed(self) -> dict[str, list[int]]:
+        """What this reader has passed, for elastic restores: ``{key: [epoch, offset]}``."""
+        return {self.key: [self._epoch, self._offset]}
+
+    def _share(self, epoch: int) -> tuple[Intervals, np.ndarray]:
+        if epoch not in self._shares:
+            done = self._origin["done"].get(str(epoch), [])
+            w, plan = self._world, self._plan
+            intervals = share(plan.total, done, w.consumers, w.consumer, drop_remainder=plan.epochs is not None)
+            ends = np.cumsum([0] + [b - a for a, b in intervals])
+            self._shares = {epoch: (intervals, ends)}  # only the current epoch is ever needed
+        return self._shares[epoch]
 
     def next(self, max_items: int) -> Table:
         while True:
-            if self._pos >= self._stop:
+            intervals, ends = self._share(self._epoch)
+            if self._offset >= ends[-1]:
                 if self._plan.epochs is not None and self._epoch + 1 >= self._first + self._plan.epochs:
                     raise StopIteration
-                self._epoch, self._pos = self._epoch + 1, self._start
+                self._epoch, self._offset = self._epoch + 1, 0
                 continue
+            j = int(np.searchsorted(ends, self._offset, side="right")) - 1
+            start, end = intervals[j]
+            pos = start + self._offset - int(ends[j])
             order = self._epoch_order()
-            b = order.block_at(self._pos)
+            b = order.block_at(pos)
             block = self._load(order, b)
             base = int(order.starts[b])
-            stop = min(self._stop, int(order.starts[b + 1])) - base
-            first, last, nxt = block.span(self._pos - base, stop, max_items)
-            self._pos = base + nxt
+            stop = min(end, int(order.starts[b + 1])) - base
+            first, last, nxt = block.span(pos - base, stop, max_items)
+            self._offset += base + nxt - pos
             if last > first:
                 return cut(block.table, first, last)
 

@@ -83,13 +83,11 @@ def test_persistent_workers_follow_the_state(data: Path) -> None:
     assert head + rest == full
 
 
-def test_a_state_for_other_workers_or_data_is_refused(data: Path) -> None:
+def test_a_state_for_other_data_is_refused(data: Path) -> None:
     ds = tidal.Dataset(data).shuffle(seed=5).batch(5)
     loader = tidal.DataLoader(ds, num_workers=2)
     next(iter(loader))
     state = loader.state_dict()
-    with pytest.raises(tidal.StateError, match="saved with 2 workers"):
-        tidal.DataLoader(ds, num_workers=3).load_state_dict(state)
     with pytest.raises(tidal.StateError, match="different dataset"):
         tidal.DataLoader(tidal.Dataset(data).shuffle(seed=6).batch(5), num_workers=2).load_state_dict(state)
 

@@ -16,11 +16,13 @@ from typing import Any
 
 from tidal.errors import StateError
 from tidal.formats import Errors
-from tidal.shards import Shard, index, resolve
+from tidal.shards import Shard, index, listing
 from tidal.stages import StageIterator
 from tidal.stages.batch import BatchIterator
 from tidal.stages.read import ReadIterator, ReadPlan
 from tidal.stages.transform import FilterIterator, MapIterator
+from tidal.storage.config import Storage
+from tidal.storage.fs import is_remote
 from tidal.tables import records
 from tidal.world import World
 
@@ -59,12 +61,34 @@ class Dataset:
         columns: Sequence[str] | None = None,
         format: str | None = None,
         errors: Errors = "raise",
+        *,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
+        storage: Storage | None = None,
     ):
+        """Index ``src`` (URLs too: any fsspec protocol) and describe how to read it.
+
+        Remote files are fetched into a local shard cache shared by all processes of the
+        machine: ``cache_dir`` (default ``~/.cache/tidal/shards``), at most ``cache_limit``
+        bytes on disk (``"50GB"`` by default), least recently used shards evicted first.
+        ``storage_options`` go to the fsspec filesystem (credentials, ``endpoint_url``...).
+        ``storage`` (a :class:`tidal.storage.Storage`) sets everything else: timeouts,
+        retries, prefetch depth; the three arguments before it override its fields.
+
+        >>> tidal.Dataset("s3://bucket/web/*.parquet", columns=["text"], cache_limit="20GB")
+        """
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
         if isinstance(columns, str):
             columns = [columns]
-        shards = tuple(index(resolve(src), format, errors))
+        settings = storage or Storage()
+        overrides: dict[str, Any] = {"options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if overrides:
+            settings = replace(settings, **overrides)
+        found = listing(src, settings)
+        shards = tuple(index(list(found), format, errors, settings, found))
         self._plan = ReadPlan(
             shards=shards,
             columns=tuple(columns) if columns is not None else None,
@@ -73,6 +97,7 @@ class Dataset:
             block_size=DEFAULT_BLOCK_SIZE,
             shards_per_block=DEFAULT_SHARDS_PER_BLOCK,
             epochs=1,
+            storage=settings if any(is_remote(s.path) for s in shards) else None,
         )
         self._stages: tuple[_Stage, ...] = ()
         self._resume: dict | None = None
@@ -227,6 +252,10 @@ class Dataset:
         """Records in one epoch of the source, before any filter."""
         return self._plan.total
 
+    def sources(self) -> dict[str, ReadPlan]:
+        """The file sources this dataset reads, by key (``""`` for a single one)."""
+        return {"": self._plan}
+
     @property
     def batched(self) -> bool:
         return any(s.kind == "batch" for s in self._stages)
@@ -247,10 +276,16 @@ class Dataset:
 
     # -- iteration -------------------------------------------------------------------
 
-    def iterator(self, world: World | None = None, state: dict | None = None, first_epoch: int = 0) -> DatasetIterator:
+    def iterator(
+        self,
+        world: World | None = None,
+        state: dict | None = None,
+        first_epoch: int = 0,
+        origin: dict | None = None,
+    ) -> DatasetIterator:
         """An iterator over this reader's share, from ``state`` (as saved by one) or the start of
         ``first_epoch``. ``world`` defaults to the topology of the calling process."""
-        return DatasetIterator(self, world or World.current(), state, first_epoch)
+        return DatasetIterator(self, world or World.current(), state, first_epoch, origin)
 
     def __iter__(self) -> Iterator[Any]:
         it = self.iterator(state=self._resume)
@@ -276,14 +311,17 @@ class Dataset:
         shuffled = f".shuffle({p.seed})" if p.seed is not None else ""
         return f"Dataset({len(p.shards)} shards, {p.total} records){shuffled}.repeat({p.epochs}){chain}"
 
-    def _build(self, world: World, state: dict | None, first_epoch: int) -> list[StageIterator]:
+    def _build(
+        self, world: World, state: dict | None, first_epoch: int, origin: dict | None = None
+    ) -> list[StageIterator]:
         """The chain of iterators, source first, each restored from its part of ``state``."""
         outputs = []  # the state of each stage's output, top first
         for s in reversed(self._stages):
             outputs.append(state)
             if s.nested and state is not None:
                 state = state["upstream"]
-        chain: list[StageIterator] = [ReadIterator(self._plan, world, state, first_epoch)]
+        source = (origin or {}).get("")
+        chain: list[StageIterator] = [ReadIterator(self._plan, world, state, first_epoch, source)]
         for s, out in zip(self._stages, reversed(outputs), strict=True):
             chain.append(s.build(chain[-1], out if s.nested else None))
         return chain
@@ -299,21 +337,26 @@ class DatasetIterator(Iterator[Any]):
 
     CHUNK = 256
 
-    def __init__(self, dataset: Dataset, world: World, state: dict | None, first_epoch: int = 0):
+    def __init__(
+        self, dataset: Dataset, world: World, state: dict | None, first_epoch: int = 0, origin: dict | None = None
+    ):
         self.world = world
         self._fingerprint = dataset.fingerprint()
-        self._chunk_size = 1 if dataset.batched else self.CHUNK
+        self._origin = (state or {}).get("origin", origin)
         upstream, skip = None, 0
         if state:
             self._check(state)
             upstream, skip = state["position"], int(state["skip"])
-        self._chain = dataset._build(world, upstream, first_epoch)
+        self._chain = dataset._build(world, upstream, first_epoch, self._origin)
         self._stages = self._chain[-1]
+        # many items per pull only where an offset within the pull maps to source records
+        self._chunk_size = self.CHUNK if getattr(self._stages, "exact", False) else 1
         self._chunk: list[Any] = []
         self._at = 0
         self._chunk_state = self._stages.state()
+        self._chunk_consumed = self._stages.consumed()
         self._done = False
-        self.items = 0
+        self.items = int(state.get("items", 0)) if state else 0
         if skip:
             self._fill()
             if skip > len(self._chunk):
@@ -329,7 +372,7 @@ class DatasetIterator(Iterator[Any]):
             raise StateError(f"this state was saved by reader {saved} (rank, ranks, worker, workers), not {here}")
 
     def _fill(self) -> None:
-        self._chunk_state = self._stages.state()
+        self._chunk_state, self._chunk_consumed = self._stages.state(), self._stages.consumed()
         try:
             self._chunk = records(self._stages.next(self._chunk_size))
         except StopIteration:
@@ -362,12 +405,25 @@ class DatasetIterator(Iterator[Any]):
             position, skip = self._stages.state(), 0
         else:
             position, skip = self._chunk_state, self._at
-        return {
+        state = {
             "dataset": self._fingerprint,
             "world": [self.world.rank, self.world.world_size, self.world.worker, self.world.num_workers],
             "position": position,
             "skip": skip,
+            "consumed": self.consumed(),
+            "items": self.items,
+            "records": sum(getattr(stage, "passed", 0) for stage in self._chain),
         }
+        if self._origin:
+            state["origin"] = self._origin
+        return state
+
+    def consumed(self) -> dict[str, list[int]]:
+        """Source records used up so far, ``{source key: [epoch, offset]}``: see :mod:`tidal.elastic`."""
+        if self._at >= len(self._chunk):
+            return self._stages.consumed()
+        ((key, (epoch, offset)),) = self._chunk_consumed.items()  # chunks of many only in exact chains
+        return {key: [epoch, offset + self._at]}
 
     def close(self) -> None:
         """Close the files this iterator holds open (also done at its end)."""

@@ -4,7 +4,9 @@
     ├── SourceError          a path, glob or URL that names no data (also FileNotFoundError)
     ├── FormatError          no reader for a file, or a format that cannot be used as asked
     ├── RecordError          one bad record: names the file and its line or row
-    └── StateError           a saved state that does not fit the dataset or loader
+    ├── StateError           a saved state that does not fit the dataset or loader
+    └── StorageError         a remote read that failed for good, or a cache that cannot hold a
+                             shard (also OSError); names the URL, never credentials
 
 Every error that points at data says which file and, where there is one, which line or
 row. Context is added with ``add_note`` as an error travels up the stages.
@@ -40,3 +42,23 @@ class RecordError(TidalError, ValueError):
 
 class StateError(TidalError, ValueError):
     """A saved state that does not describe this dataset or loader."""
+
+
+class StorageError(TidalError, OSError):
+    """A remote read that failed after its retries, or a local cache that cannot hold a shard.
+
+    The message names the URL and what was tried (attempts, time, the last error), with
+    credentials and signed query strings removed. ``url`` and ``attempts`` say the same
+    for code. It is an ``OSError``, so code that handles I/O errors handles it too.
+    """
+
+    def __init__(self, message: str, *, url: str = "", attempts: int = 0):
+        super().__init__(message)
+        self.url, self.attempts = url, attempts
+
+    def __reduce__(self) -> tuple:  # keep the message when pickled across processes
+        return (_storage_error, (str(self), self.url, self.attempts))
+
+
+def _storage_error(message: str, url: str, attempts: int) -> StorageError:
+    return StorageError(message, url=url, attempts=attempts)

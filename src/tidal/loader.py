@@ -24,11 +24,12 @@ import torch.utils.data
 
 from tidal.dataset import Dataset
 from tidal.errors import StateError
+from tidal.state import with_progress
 from tidal.world import World
 
 MAX_BUNDLE = 64
 MAX_BUNDLE_BYTES = 16 << 20
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def _to_tensor(value: np.ndarray) -> torch.Tensor:
@@ -106,12 +107,13 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.ranks = World()
         self.states: list[dict | None] = [None]
         self.first_epoch = 0
+        self.origin: dict | None = None
 
     def __iter__(self) -> Iterator[_Bundle]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         world = self.ranks.with_worker(worker, workers)
-        it = self.dataset.iterator(world, self.states[worker], self.first_epoch)
+        it = self.dataset.iterator(world, self.states[worker], self.first_epoch, self.origin)
         size = 1
         try:
             while True:
@@ -120,7 +122,9 @@ class _WorkerStream(torch.utils.data.IterableDataset):
                 nbytes = 0
                 for item in it:
                     items.append(item)
-                    states.append(it.state())
+                    state = it.state()
+                    state.pop("origin", None)  # the loader keeps it once, not per batch
+                    states.append(state)
                     nbytes += _nbytes(item)
                     if len(items) >= size or nbytes >= MAX_BUNDLE_BYTES:
                         break
@@ -168,61 +172,95 @@ class DataLoader(torch.utils.data.DataLoader):
         self.tidal_dataset = dataset
         self._stream = _WorkerStream(dataset)
         self._workers = max(1, num_workers)
-        self._state = self._fresh_state(0)
+        self._pass = 0
+        self._origin: dict | None = None  # progress an elastic restore started from
+        self._local = self._fresh_local()  # this rank's readers: what the training loop consumed
+        self._pending: dict | None = None  # a loaded state, applied when iteration starts
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
 
-    def _fresh_state(self, pass_: int) -> dict:
-        return {
-            "version": STATE_VERSION,
-            "dataset": self.tidal_dataset.fingerprint(),
-            "ranks": None,
-            "num_workers": self._workers,
-            "pass": pass_,
-            "next_worker": 0,
-            "workers": [None] * self._workers,
-        }
+    def _fresh_local(self) -> dict:
+        return {"next_worker": 0, "workers": [None] * self._workers, "counts": {"batches": 0, "tokens": 0}}
+
+    def _first_epoch(self) -> int:
+        return self._pass * (self.tidal_dataset._plan.epochs or 0)
 
     def state_dict(self) -> dict:
-        """What the training loop has consumed: small, JSON-able, restorable in a new process."""
-        state = dict(self._state)
-        state["workers"] = list(state["workers"])
-        if state["ranks"] is None:
-            ranks = World.ranks()
-            state["ranks"] = [ranks.rank, ranks.world_size]
-        return state
+        """What the training loop has consumed, on every rank: small, JSON-able, topology-free.
+
+        Under ``torch.distributed`` this gathers the state of all ranks, so every rank must
+        call it at the same step (as with any collective); every rank then gets the same
+        dict. Without it (``RANK``/``WORLD_SIZE`` only), it covers this rank alone: combine
+        the ranks' states with :func:`tidal.state.merge` for an elastic restore.
+        """
+        if self._pending is not None:
+            return self._pending
+        ranks = World.ranks()
+        local = {
+            "next_worker": self._local["next_worker"],
+            "workers": list(self._local["workers"]),
+            "counts": dict(self._local["counts"]),
+        }
+        every: list[dict | None] = [None] * ranks.world_size
+        dist = torch.distributed
+        if ranks.world_size > 1 and dist.is_available() and dist.is_initialized():
+            dist.all_gather_object(every, local)
+        else:
+            every[ranks.rank] = local
+        state = {
+            "version": STATE_VERSION,
+            "dataset": self.tidal_dataset.fingerprint(),
+            "pass": self._pass,
+            "first_epoch": self._first_epoch(),
+            "topology": [ranks.world_size, self._workers],
+            "ranks": every,
+            "origin": self._origin,
+        }
+        return with_progress(self.tidal_dataset, state)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state`` was saved."""
+        """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
+        was saved: batch for batch on the same topology, and with no record lost or repeated
+        within the epoch on another (see :mod:`tidal.elastic`)."""
         if state.get("version") != STATE_VERSION:
-            raise StateError(f"not a tidal loader state (version {state.get('version')!r})")
+            raise StateError(f"not a tidal loader state of version {STATE_VERSION} (found {state.get('version')!r})")
         if state.get("dataset") != self.tidal_dataset.fingerprint():
             raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
-        if state["num_workers"] != self._workers:
-            raise StateError(
-                f"this state was saved with {state['num_workers']} workers, this loader has {self._workers}"
-            )
-        self._state = {**state, "workers": list(state["workers"])}
+        self._pending = state
         if getattr(self, "_iterator", None) is not None:  # persistent workers hold the old position
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None
 
+    def _apply(self, state: dict, ranks: World) -> None:
+        self._pass = int(state["pass"])
+        same = state["topology"] == [ranks.world_size, self._workers] and state["ranks"][0] is not None
+        mine = state["ranks"][ranks.rank] if same else None
+        if mine is not None:  # the same readers: continue each exactly
+            self._origin = state.get("origin")
+            self._local = {**mine, "workers": list(mine["workers"]), "counts": dict(mine["counts"])}
+            return
+        if state.get("progress") is None:
+            missing = [i for i, r in enumerate(state["ranks"]) if r is None]
+            raise StateError(
+                f"this state lacks ranks {missing}: restoring on another topology needs every rank's "
+                "state (save under torch.distributed, or combine the ranks' files with tidal.state.merge)"
+            )
+        self._origin = state["progress"]  # new readers share what the old ones left
+        self._local = self._fresh_local()
+        self._local["counts"]["batches"] = sum(r["counts"]["batches"] for r in state["ranks"] if r) // ranks.world_size
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ranks = World.ranks()
-        saved = self._state["ranks"]
-        if saved is not None and saved != [ranks.rank, ranks.world_size]:
-            here = [ranks.rank, ranks.world_size]
-            raise StateError(
-                f"this state was saved on rank {saved[0]} of {saved[1]}, this is rank {here[0]} of {here[1]}"
-            )
-        state = self._state = {**self._state, "ranks": [ranks.rank, ranks.world_size]}
-        epochs = self.tidal_dataset._plan.epochs or 0
+        if self._pending is not None:
+            self._apply(self._pending, ranks)
+            self._pending = None
         self._stream.ranks = ranks
-        self._stream.states = list(state["workers"])
-        self._stream.first_epoch = state["pass"] * epochs
+        self._stream.states = list(self._local["workers"])
+        self._stream.first_epoch = self._first_epoch()
+        self._stream.origin = self._origin
         if self.persistent_workers and getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None  # the workers must start from this state
-        return self._round_robin(super().__iter__(), state)
+        return self._round_robin(super().__iter__(), self._local)
 
     def _round_robin(self, bundles: Iterator[_Bundle], state: dict) -> Iterator[Any]:
         n = self._workers
@@ -238,8 +276,13 @@ class DataLoader(torch.utils.data.DataLoader):
                 bundle, j = queues[w].popleft()
                 state["workers"][w] = bundle.states[j]
                 state["next_worker"] = (w + 1) % n
-                yield bundle.item(j)
+                item = bundle.item(j)
+                counts = state["counts"]
+                counts["batches"] += 1
+                if isinstance(item, dict) and isinstance(item.get("input_ids"), torch.Tensor):
+                    counts["tokens"] += item["input_ids"].numel()
+                yield item
             w = (w + 1) % n
         for _ in bundles:  # let torch see every worker finish
             pass
-        self._state = self._fresh_state(state["pass"] + 1)
+        self._pass, self._origin, self._local = self._pass + 1, None, self._fresh_local()

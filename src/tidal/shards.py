@@ -6,6 +6,13 @@ it is writable, else a file under the user cache dir. An entry is reused while t
 size and modification time are unchanged, so adding shards re-scans only the new ones. The
 index only ever adds facts to files found by listing; it never supplies a path, so nothing
 in it can point outside the dataset.
+
+Remote datasets (any fsspec URL) are listed through :mod:`tidal.storage`. Their index lives
+in the shard cache directory, keyed by the dataset's root URL, and an entry is reused while
+the object's size and ETag (or modification time) are unchanged. A ``.tidal-index.json``
+published at the root URL seeds it. Line files are counted from a copy fetched into the
+shard cache, which also gives their SHA-256 for the index; large Parquet files need only
+their footer, read by a range request.
 """
 
 from __future__ import annotations
@@ -13,15 +20,19 @@ from __future__ import annotations
 import fcntl
 import glob
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tidal.errors import FormatError, SourceError, TidalError
+from tidal.errors import FormatError, SourceError, StorageError, TidalError
 from tidal.formats import Errors, detect, known_ending, module
+from tidal.storage.config import Storage
+from tidal.storage.fs import FileStat, Remote, local_path, protocol
 
 INDEX_NAME = ".tidal-index.json"
 _INDEX_VERSION = 1
@@ -37,6 +48,8 @@ class Shard:
     format: str
     compression: str | None = None
     info: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    version: str | None = field(default=None, compare=False, repr=False)  # a remote file's ETag or mtime
+    hash: str | None = field(default=None, compare=False, repr=False)  # "sha256:<hex>": checked on download
 
 
 def cache_dir() -> Path:
@@ -47,39 +60,85 @@ def cache_dir() -> Path:
     return Path(base) / "tidal"
 
 
-def resolve(src: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+def resolve(src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None) -> list[str]:
     """The files a source names, in a stable order: each entry's files sorted, entries in the order given."""
+    return list(listing(src, storage))
+
+
+def listing(
+    src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None
+) -> dict[str, FileStat | None]:
+    """The files a source names, as :func:`resolve`, with what a remote listing said of each (None when local)."""
     entries = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     if not entries:
         raise SourceError("no source given: pass a file, directory, glob or a list of them")
-    files: list[str] = []
+    files: dict[str, FileStat | None] = {}
+    remotes: dict[str, Remote] = {}
     for entry in entries:
-        path = os.path.abspath(os.path.expanduser(os.fspath(entry)))
-        if glob.has_magic(path):
-            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))  # glob skips dot files
-            if not found:
-                raise SourceError(f"{entry}: the pattern matches no file")
-        elif os.path.isdir(path):
-            found = []
-            for d, dirs, names in os.walk(path):
-                dirs[:] = [x for x in dirs if not x.startswith(".")]
-                found += [os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(f)]
-            found.sort()
-            if not found:
-                raise SourceError(f"{entry}: the directory holds no file tidal can read")
-        elif os.path.isfile(path):
-            found = [path]
+        proto = protocol(entry)
+        found: dict[str, FileStat | None]
+        if proto is not None:
+            if proto not in remotes:
+                remotes[proto] = Remote(proto, storage or Storage())
+            found = dict(remotes[proto].expand(os.fspath(entry), keep=known_ending))
         else:
-            raise SourceError(f"{entry}: no such file or directory")
-        files.extend(found)
-    if len(set(files)) != len(files):
-        dup = next(f for f in files if files.count(f) > 1)
-        raise SourceError(f"{dup} is named twice in the source")
+            found = dict.fromkeys(_local_files(entry))
+        for f in found:
+            if f in files:
+                raise SourceError(f"{f} is named twice in the source")
+        files.update(found)
     return files
 
 
-def index(files: list[str], format: str | None = None, errors: Errors = "raise") -> list[Shard]:
-    """The shards of ``files``, from the cached index where it is still valid."""
+def _local_files(entry: str | os.PathLike) -> list[str]:
+    path = os.path.abspath(os.path.expanduser(local_path(entry)))
+    if glob.has_magic(path):
+        found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))  # glob skips dot files
+        if not found:
+            raise SourceError(f"{entry}: the pattern matches no file")
+    elif os.path.isdir(path):
+        found = []
+        for d, dirs, names in os.walk(path):
+            dirs[:] = [x for x in dirs if not x.startswith(".")]
+            found += [os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(f)]
+        found.sort()
+        if not found:
+            raise SourceError(f"{entry}: the directory holds no file tidal can read")
+    elif os.path.isfile(path):
+        found = [path]
+    else:
+        raise SourceError(f"{entry}: no such file or directory")
+    return found
+
+
+def index(
+    files: list[str],
+    format: str | None = None,
+    errors: Errors = "raise",
+    storage: Storage | None = None,
+    stats: dict[str, FileStat | None] | None = None,
+) -> list[Shard]:
+    """The shards of ``files``, from the cached index where it is still valid.
+
+    Remote files (URLs) are indexed with ``storage``; ``stats`` may carry what their listing
+    said (size, version), which spares a request per file.
+    """
+    groups: dict[str | None, list[str]] = {}
+    for f in files:
+        groups.setdefault(protocol(f), []).append(f)
+    if list(groups) == [None]:
+        return _index_local(files, format, errors)
+    found: dict[str, Shard] = {}
+    for proto, group in groups.items():
+        if proto is None:
+            shards = _index_local(group, format, errors)
+        else:
+            shards = _index_remote(group, format, errors, storage or Storage(), stats or {})
+        found.update((s.path, s) for s in shards)
+    return [found[f] for f in files]
+
+
+def _index_local(files: list[str], format: str | None, errors: Errors) -> list[Shard]:
     root = os.path.commonpath([os.path.dirname(f) for f in files])
     where = _index_path(root)
     stats = {f: os.stat(f) for f in files}
@@ -91,6 +150,10 @@ def index(files: list[str], format: str | None = None, errors: Errors = "raise")
                 for f, entry in zip(todo, pool.map(lambda f: _scan(f, format, stats[f]), todo), strict=True):
                     entries[_key(f, root, format)] = entry
             _save(where, entries)
+    return _shards(files, entries, root, format, errors)
+
+
+def _shards(files: list[str], entries: dict, root: str, format: str | None, errors: Errors) -> list[Shard]:
     shards = []
     for f in files:
         e = entries[_key(f, root, format)]
@@ -98,8 +161,117 @@ def index(files: list[str], format: str | None = None, errors: Errors = "raise")
             if errors == "raise":
                 raise FormatError(e["error"])
             e = {**e, "rows": 0}
-        shards.append(Shard(f, e["rows"], e["bytes"], e["format"], e.get("compression"), e.get("info", {})))
+        info = e.get("info", {})
+        shards.append(
+            Shard(f, e["rows"], e["bytes"], e["format"], e.get("compression"), info, e.get("version"), e.get("hash"))
+        )
     return shards
+
+
+def _index_remote(
+    urls: list[str], format: str | None, errors: Errors, storage: Storage, known: dict[str, FileStat | None]
+) -> list[Shard]:
+    from tidal.storage.fetch import Fetcher
+
+    fetcher = Fetcher(storage)
+    try:
+        remote = fetcher.remote(urls[0])
+        missing = [u for u in urls if known.get(u) is None]
+        with ThreadPoolExecutor(min(16, max(1, len(missing)))) as pool:
+            stats: dict[str, FileStat] = {u: s for u, s in known.items() if s is not None}
+            stats.update(zip(missing, pool.map(remote.stat, missing), strict=True))
+        root = _url_root(urls)
+        where = storage.root / "index" / f"{hashlib.sha1(root.encode()).hexdigest()[:16]}.json"
+        with _locked(where):
+            entries = _load(where)
+            todo = [u for u in urls if not _fresh_remote(entries.get(_key(u, root, format)), stats[u])]
+            if todo:  # a published index may know them
+                seed = _published(remote, f"{root}/{INDEX_NAME}")
+                for u in todo:
+                    e = seed.get(_key(u, root, format))
+                    if _fresh_remote(e, stats[u]):
+                        entries[_key(u, root, format)] = e
+                todo = [u for u in todo if not _fresh_remote(entries.get(_key(u, root, format)), stats[u])]
+            if todo:
+                with ThreadPoolExecutor(min(16, len(todo))) as pool:
+                    scanned = pool.map(lambda u: _scan_remote(u, format, stats[u], fetcher), todo)
+                    for u, entry in zip(todo, scanned, strict=True):
+                        entries[_key(u, root, format)] = entry
+                _save(where, entries)
+    finally:
+        fetcher.close()
+    return _shards(urls, entries, root, format, errors)
+
+
+def _url_root(urls: list[str]) -> str:
+    """The longest directory URL above every one of ``urls``."""
+    parts = [u.split("/")[:-1] for u in urls]
+    common = parts[0]
+    for p in parts[1:]:
+        n = 0
+        while n < min(len(common), len(p)) and common[n] == p[n]:
+            n += 1
+        common = common[:n]
+    return "/".join(common)
+
+
+def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
+    return (
+        entry is not None
+        and entry.get("bytes") == stat.size
+        and entry.get("version") == stat.version
+        and "rows" in entry
+    )
+
+
+def _published(remote: Remote, url: str) -> dict:
+    """The entries of an index published beside the data, if there is one."""
+    try:
+        data = json.loads(remote.cat(url))
+    except (StorageError, SourceError, ValueError):
+        return {}
+    shards = data.get("shards") if isinstance(data, dict) and data.get("version") == _INDEX_VERSION else None
+    return shards if isinstance(shards, dict) else {}
+
+
+def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> dict:
+    from tidal.storage.cache import Entry
+    from tidal.storage.prefetch import RANGE_MIN_BYTES
+
+    entry: dict = {"bytes": stat.size, "version": stat.version}
+    try:
+        name, compression = detect(url, format)
+        entry.update(format=name, compression=compression)
+        if name == "parquet" and compression is None and stat.size >= RANGE_MIN_BYTES:
+            with fetcher.range_file(url, stat.size) as f:  # the footer is enough
+                info = _scan_file(name, url, compression, f)
+        else:
+            with fetcher.acquire(Entry(url, stat.size, stat.version)) as handle:
+                info = _scan_file(name, url, compression, str(handle.path))
+                entry["hash"] = handle.digest
+    except FormatError as exc:
+        return {**entry, "format": format or "?", "error": str(exc)}
+    except StorageError:
+        raise
+    except (OSError, EOFError, ValueError) as exc:  # truncated gzip, bad zstd frame, ...
+        return {**entry, "format": format or "?", "error": f"{url}: unreadable: {exc}"}
+    entry["rows"] = info.pop("rows")
+    if info:
+        entry["info"] = info
+    return entry
+
+
+def _scan_file(name: str, url: str, compression: str | None, file: Any) -> dict:
+    """``scan`` of a format, given where the bytes are; errors name ``url``."""
+    scan = module(name).scan
+    if "file" in inspect.signature(scan).parameters:
+        return scan(url, compression, file=file)
+    if not isinstance(file, str):  # a format that reads local files only
+        raise FormatError(f"{url}: the {name} reader cannot read a remote file in place")
+    try:
+        return scan(file, compression)
+    except FormatError as exc:
+        raise FormatError(str(exc).replace(file, url)) from None
 
 
 def _key(path: str, root: str, format: str | None) -> str:

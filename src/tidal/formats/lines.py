@@ -4,6 +4,9 @@ A record is a non-empty line; empty lines (and a lone ``\\r``) are not records. 
 uncompressed files the index keeps a checkpoint every ``CHECKPOINT_ROWS`` records (row,
 byte offset, line number), so a reader opens at any row after at most that many lines.
 Compressed files are read from their start: cost bounded by the file, never by the epoch.
+
+``path`` names the file in errors; the bytes are read from ``file`` when it is given (a
+remote shard's local copy in the shard cache, passed as ``info["file"]`` or ``file=``).
 """
 
 from __future__ import annotations
@@ -50,10 +53,10 @@ def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int
         yield start, line + 1, carry[:-1] if carry.endswith(b"\r") else carry
 
 
-def scan(path: str, compression: str | None) -> dict:
+def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     rows = 0
     checkpoints: list[list[int]] = []
-    with open_binary(path, compression) as f:
+    with open_binary(file or path, compression) as f:
         for offset, line, _ in _iter_lines(f, 0, 0):
             if compression is None and rows % CHECKPOINT_ROWS == 0:
                 checkpoints.append([rows, offset, line - 1])
@@ -69,6 +72,7 @@ class LineReader:
 
     def __init__(self, path: str, compression: str | None, info: dict):
         self.path = path
+        self._source = info.get("file", path)  # where the bytes are: a local path
         self._compression = compression
         self._checkpoints = info.get("checkpoints", [])
         self._file: IO[bytes] | None = None
@@ -83,7 +87,7 @@ class LineReader:
         ):
             return  # reading on from here is no dearer than a fresh seek
         self.close()
-        self._file = open_binary(self.path, self._compression)
+        self._file = open_binary(self._source, self._compression)
         offset = line = self._row = 0
         if self._compression is None and self._checkpoints:
             k = min(row // CHECKPOINT_ROWS, len(self._checkpoints) - 1)

@@ -1,36 +1,58 @@
-"""Parquet: column projection, opened at any row through its row groups."""
+"""Parquet: column projection, opened at any row through its row groups.
+
+``path`` names the file in errors. The bytes are read from ``file`` when it is given
+(``info["file"]`` or ``file=``): a local path (a remote shard's copy in the shard cache), a
+binary file, or a function that opens one (a remote file read in place by byte ranges, for
+a few columns of a large file). The index keeps each top-level column's compressed size,
+which is how the reader decides between the two.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tidal.errors import FormatError, RecordError
+from tidal.errors import FormatError, RecordError, StorageError
 from tidal.formats import Errors, Piece
 
 NAME = "parquet"
 
+Source = str | IO[bytes] | Callable[[], IO[bytes]]
 
-def _open_file(path: str) -> pq.ParquetFile:
+
+def _open_file(path: str, file: Any = None) -> pq.ParquetFile:
+    source = path if file is None else file() if callable(file) else file
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(source, pre_buffer=not isinstance(source, str))
+    except StorageError:
+        raise
     except (pa.ArrowException, OSError) as exc:
         raise FormatError(f"{path}: not a readable Parquet file: {exc}") from None
 
 
-def scan(path: str, compression: str | None) -> dict:
+def scan(path: str, compression: str | None, file: Source | None = None) -> dict:
     if compression is not None:
         raise FormatError(f"{path}: Parquet compresses inside the file; a {compression} wrapper is not supported")
-    meta = _open_file(path).metadata
+    meta = _open_file(path, file).metadata
     groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    return {"rows": meta.num_rows, "row_groups": groups}
+    sizes: dict[str, int] = {}
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            top = col.path_in_schema.split(".", 1)[0]
+            sizes[top] = sizes.get(top, 0) + col.total_compressed_size
+    return {"rows": meta.num_rows, "row_groups": groups, "column_bytes": sizes}
 
 
 class ParquetReader:
     def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors):
         self._path = path
-        self._file = _open_file(path)
+        self._file = _open_file(path, info.get("file"))
         names = self._file.schema_arrow.names
         missing = [c for c in columns or [] if c not in names]
         if missing:
@@ -44,6 +66,8 @@ class ParquetReader:
         if self._cached[0] != g:
             try:
                 table = self._file.read_row_group(g, columns=self._columns)
+            except StorageError:
+                raise  # the network, not the data: never skipped as a bad row group
             except (pa.ArrowException, OSError) as exc:
                 if self._errors == "raise":
                     row = int(self._starts[g])
@@ -76,7 +100,7 @@ class ParquetReader:
         return Piece(pa.concat_tables(parts), valid)
 
     def close(self) -> None:
-        self._file.close()
+        self._file.close(force=True)  # also a file object it was given
 
 
 def open(path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors) -> ParquetReader:  # noqa: A001

@@ -29,5 +29,8 @@ class BatchIterator:
     def state(self) -> dict:
         return self._up.state()
 
+    def consumed(self) -> dict[str, list[int]]:
+        return self._up.consumed()
+
     def close(self) -> None:
         self._up.close()

@@ -84,8 +84,8 @@ def _window(tokens: np.ndarray, starts: np.ndarray, cfg: PackConfig) -> dict:
 class _Chunk:
     """Documents pulled in one upstream call, flattened, and where that call started."""
 
-    def __init__(self, state: dict, docs: list[np.ndarray], dtype: np.dtype):
-        self.state = state
+    def __init__(self, state: dict, consumed: dict, docs: list[np.ndarray], dtype: np.dtype):
+        self.state, self.consumed = state, consumed
         self.tokens = np.concatenate(docs) if docs else np.zeros(0, dtype=dtype)
         lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
         self.starts = np.zeros(len(self.tokens), dtype=bool)
@@ -107,7 +107,7 @@ class ConcatPackIterator:
                 raise TidalError(f"pack state points at token {self._pos} of a chunk of {len(self._chunks[0].tokens)}")
 
     def _pull(self) -> None:
-        state = self._up.state()
+        state, consumed = self._up.state(), self._up.consumed()
         try:
             recs = records(self._up.next(self._cfg.chunk_docs))
         except StopIteration:
@@ -116,7 +116,7 @@ class ConcatPackIterator:
         docs = _doc_tokens(recs)
         if docs:
             self._dtype = docs[0].dtype
-        self._chunks.append(_Chunk(state, docs, self._dtype))
+        self._chunks.append(_Chunk(state, consumed, docs, self._dtype))
 
     def _available(self) -> int:
         return sum(len(c.tokens) for c in self._chunks) - self._pos
@@ -162,6 +162,18 @@ class ConcatPackIterator:
             return {"upstream": self._up.state(), "token": 0}
         return {"upstream": self._chunks[0].state, "token": self._pos}
 
+    def consumed(self) -> dict[str, list[int]]:
+        """Documents whose first token went out are used up (an elastic restore drops the rest
+        of the one in progress). Counted within the chunk only when upstream yields one
+        document per source record; otherwise the chunk is not counted and is read again."""
+        if not self._chunks:
+            return self._up.consumed()
+        chunk = self._chunks[0]
+        if not getattr(self._up, "exact", False) or len(chunk.consumed) != 1:
+            return chunk.consumed
+        ((key, (epoch, offset)),) = chunk.consumed.items()
+        return {key: [epoch, offset + int(chunk.starts[: self._pos].sum())]}
+
     def stats(self) -> dict:
         return {"sequences": self.sequences, "packed_tokens": self.tokens}
 
@@ -175,6 +187,7 @@ class BestFitPackIterator:
         self._bins: list[dict] = []
         self._emitted = 0
         self._buffer_state: dict | None = None
+        self._buffer_consumed: dict = {}
         self.sequences = self.tokens = self.padding = 0
         if state is not None:
             self._fill()
@@ -184,7 +197,7 @@ class BestFitPackIterator:
 
     def _fill(self) -> None:
         cfg = self._cfg
-        self._buffer_state = self._up.state()
+        self._buffer_state, self._buffer_consumed = self._up.state(), self._up.consumed()
         self._bins, self._emitted = [], 0
         docs: list[np.ndarray] = []
         budget = cfg.buffer_size * cfg.seq_len
@@ -261,6 +274,12 @@ class BestFitPackIterator:
         if self._emitted >= len(self._bins) or self._buffer_state is None:
             return {"upstream": self._up.state(), "emitted": 0}
         return {"upstream": self._buffer_state, "emitted": self._emitted}
+
+    def consumed(self) -> dict[str, list[int]]:
+        """The buffer in progress is not counted: an elastic restore packs it again."""
+        if self._emitted >= len(self._bins) or self._buffer_state is None:
+            return self._up.consumed()
+        return self._buffer_consumed
 
     def stats(self) -> dict:
         total = self.tokens

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,8 +13,14 @@ from tidal.errors import StateError, TidalError
 from tidal.formats import Errors, Reader, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
+from tidal.storage.config import Storage
 from tidal.tables import Table, concat, cut, take
 from tidal.world import World
+
+if TYPE_CHECKING:
+    from tidal.storage.prefetch import Prefetcher
+
+LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,7 @@ class ReadPlan:
     block_size: int
     shards_per_block: int
     epochs: int | None  # None: forever
+    storage: Storage | None = None  # how to reach remote shards; None when every shard is local
 
     @property
     def total(self) -> int:
@@ -76,6 +85,7 @@ class ReadIterator:
         self._plan = plan
         self._world = world
         self.key = key
+        self.exact = True  # one record per position (bar records skipped as bad)
         self._readers: OrderedDict[int, Reader] = OrderedDict()
         self._order: EpochOrder | None = None
         self._block_index = -1
@@ -92,6 +102,7 @@ class ReadIterator:
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
                 f"{world.num_workers} workers) forever: each needs at least one record per epoch"
             )
+        self.passed = 0  # positions passed since the first epoch, across restores
         if state is None:
             self._first, self._epoch, self._offset = first_epoch, int(self._origin["epoch"]), 0
         else:
@@ -100,14 +111,18 @@ class ReadIterator:
                 int(state["epoch"]),
                 int(state["offset"]),
             )
+            self.passed = int(state.get("passed", 0))
             if not 0 <= self._offset <= self._share(self._epoch)[1][-1]:
                 raise StateError(f"offset {self._offset} is outside this reader's share of epoch {self._epoch}")
 
     def stats(self) -> dict:
-        return {"rows_read": self.rows_read, "skipped": self.skipped}
+        out: dict = {"rows_read": self.rows_read, "skipped": self.skipped}
+        if self._remote is not None:
+            out.update(self._remote.stats.dict())
+        return out
 
     def state(self) -> dict:
-        return {"first_epoch": self._first, "epoch": self._epoch, "offset": self._offset}
+        return {"first_epoch": self._first, "epoch": self._epoch, "offset": self._offset, "passed": self.passed}
 
     def consumed(self) -> dict[str, list[int]]:
         """What this reader has passed, for elastic restores: ``{key: [epoch, offset]}``."""
@@ -140,6 +155,7 @@ class ReadIterator:
             stop = min(end, int(order.starts[b + 1])) - base
             first, last, nxt = block.span(pos - base, stop, max_items)
             self._offset += base + nxt - pos
+            self.passed += base + nxt - pos
             if last > first:
                 return cut(block.table, first, last)
 
@@ -160,8 +176,19 @@ class ReadIterator:
         if self._block_index == b and self._block is not None:
             return self._block
         self._block = None  # free the old block before reading the new one
+        slices = order.slices(b)
+        remote = self._prefetcher()
+        if remote is not None:  # fetch this block's and the next blocks' shards in the background
+            now = [s for s, _, _ in slices]
+            later = self._upcoming(order, b)
+            first_later = [s for s, _, _ in order.slices(b + 1)] if b + 1 < order.blocks else []
+            keep = {*now, *first_later}
+            for i in [i for i in self._readers if i not in keep and remote.is_remote(i)]:
+                self._readers.pop(i).close()  # done with it: let the cache evict it
+                remote.release(i)
+            remote.ahead(now, later)
         tables, masks, any_skipped = [], [], False
-        for shard, a, z in order.slices(b):
+        for shard, a, z in slices:
             piece = self._reader(shard).read(a, z)
             self.rows_read += z - a
             if piece.valid is not None:
@@ -189,10 +216,21 @@ class ReadIterator:
         if reader is None:
             shard = self._plan.shards[index]
             columns = list(self._plan.columns) if self._plan.columns is not None else None
-            reader = module(shard.format).open(shard.path, shard.compression, shard.info, columns, self._plan.errors)
+            info, remote = shard.info, self._prefetcher()
+            if remote is not None and remote.is_remote(index):
+                info = {**info, "file": remote.open(index)}  # a held local copy, or ranged reads
+            try:
+                reader = module(shard.format).open(shard.path, shard.compression, info, columns, self._plan.errors)
+            except BaseException:
+                if remote is not None:
+                    remote.release(index)
+                raise
             self._readers[index] = reader
             if len(self._readers) > self.MAX_OPEN:
-                self._readers.popitem(last=False)[1].close()
+                old, oldest = self._readers.popitem(last=False)
+                oldest.close()
+                if remote is not None:
+                    remote.release(old)
         else:
             self._readers.move_to_end(index)
         return reader
@@ -202,3 +240,38 @@ class ReadIterator:
             reader.close()
         self._readers.clear()
         self._block = None
+        if self._remote is not None:
+            self._remote.close()
+
+    # -- remote shards ---------------------------------------------------------------
+
+    _remote: Prefetcher | None = None  # created on first use, in the process that reads
+
+    def _prefetcher(self) -> Prefetcher | None:
+        storage = self._plan.storage
+        if storage is None:
+            return None
+        if self._remote is None or self._remote.closed:
+            from tidal.storage.prefetch import Prefetcher
+
+            stats = self._remote.stats if self._remote is not None else None
+            self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats)
+        return self._remote
+
+    def _upcoming(self, order: EpochOrder, b: int) -> Iterator[int]:
+        """The shards of the blocks this reader reads after block ``b`` this epoch, in order, lazily."""
+        intervals, _ = self._share(order.epoch)
+        after = int(order.starts[b + 1])
+        budget = LOOKAHEAD_BLOCKS
+        for a, z in intervals:
+            a = max(a, after)
+            if a >= z:
+                continue
+            for block in range(order.block_at(a), order.block_at(z - 1) + 1):
+                if block <= b:
+                    continue
+                budget -= 1
+                if budget < 0:
+                    return
+                for s, _, _ in order.slices(block):
+                    yield s

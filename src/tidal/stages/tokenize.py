@@ -83,6 +83,7 @@ class TokenizeIterator:
 
     def __init__(self, upstream: StageIterator, tokenizer: Tokenizer, column: str, max_length: int | None):
         self._up, self._tok, self._column, self._max_length = upstream, tokenizer, column, max_length
+        self.exact = getattr(upstream, "exact", False)  # one document per upstream record
         self.documents = 0
         self.tokens = 0
 
@@ -115,6 +116,9 @@ class TokenizeIterator:
 
     def state(self) -> dict:
         return self._up.state()
+
+    def consumed(self) -> dict[str, list[int]]:
+        return self._up.consumed()
 
     def close(self) -> None:
         self._up.close()

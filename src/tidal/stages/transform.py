@@ -12,6 +12,7 @@ from tidal.tables import Table, keep, records
 class MapIterator:
     def __init__(self, upstream: StageIterator, fn: Callable[[Any], Any]):
         self._up, self._fn = upstream, fn
+        self.exact = getattr(upstream, "exact", False)  # one item per upstream item
 
     def next(self, max_items: int) -> Table:
         fn = self._fn
@@ -19,6 +20,9 @@ class MapIterator:
 
     def state(self) -> dict:
         return self._up.state()
+
+    def consumed(self) -> dict[str, list[int]]:
+        return self._up.consumed()
 
     def close(self) -> None:
         self._up.close()
@@ -38,6 +42,9 @@ class FilterIterator:
 
     def state(self) -> dict:
         return self._up.state()
+
+    def consumed(self) -> dict[str, list[int]]:
+        return self._up.consumed()
 
     def close(self) -> None:
         self._up.close()

@@ -1,0 +1,25 @@
+"""Remote data: fsspec access with timeouts and retries, and a bounded local shard cache.
+
+A dataset whose files are URLs (``s3://``, ``gs://``, ``az://``, ``https://``, ``hf://``, any
+fsspec protocol) reads them through this package; local paths never touch it.
+
+- :mod:`~tidal.storage.config`: :class:`Storage`, the settings (storage_options, cache
+  directory and limit, timeout, retries, prefetch), plain data that travels to workers.
+- :mod:`~tidal.storage.fs`: a URL's filesystem and the requests tidal makes: list, stat,
+  ranged GET.
+- :mod:`~tidal.storage.retry`: which errors are transient; backoff with jitter.
+- :mod:`~tidal.storage.cache`: the on-disk cache: LRU eviction under a limit, ``flock``
+  locks that die with their process, atomic placement, hash and size checks.
+- :mod:`~tidal.storage.fetch`: downloads into the cache in parallel parts; ranged reads.
+- :mod:`~tidal.storage.prefetch`: one reader's shards, fetched ahead and held while used.
+
+Cloud libraries are imported only when a URL of theirs is first used.
+"""
+
+from __future__ import annotations
+
+from tidal.storage.config import Storage, parse_size
+from tidal.storage.fs import is_remote
+from tidal.storage.retry import Retry
+
+__all__ = ["Retry", "Storage", "is_remote", "parse_size"]

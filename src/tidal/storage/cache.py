@@ -1,0 +1,388 @@
+"""The local shard cache: whole remote files on local disk, bounded, shared, crash-safe.
+
+One directory, shared by every process of the machine and by any number of datasets.
+Each cached file is an *entry*, named by the SHA-1 of its URL and version (ETag or
+modification time), so a changed object is a new entry and an old copy is never mistaken
+for it. An entry ``k`` lives in ``<root>/<k[:2]>/`` as up to five files:
+
+    k.shard   the bytes, complete and checked; only ever created by a rename
+    k.meta    JSON: url, version, size, hash, and the size and mtime of k.shard when it
+              was placed; written (atomically) after k.shard: no meta, no entry
+    k.part    a download in progress, preallocated to its full size
+    k.use     a lock held *shared* by every reader using the entry; evicting needs it
+              *exclusively*, so an entry in use is never evicted
+    k.fetch   a lock held *exclusively* by the one process downloading the entry; the
+              others wait on it, then find the entry complete: one download per machine
+
+All locks are ``flock`` locks: the kernel drops them when their process dies, so
+``kill -9`` leaves nothing that blocks anyone. A killed download leaves a ``.part`` that no
+one holds; the next reservation removes it. Nothing is ever read from a ``.part``.
+
+Space: before a download starts, ``<root>/cache.lock`` is taken, the directory is
+scanned (its real disk usage: what ``du`` says), least recently used entries that no one
+holds are evicted until the new file fits under the limit, and the ``.part`` is
+preallocated to its full size, all under that lock. So the sum of what every process has
+on disk, finished or in progress, stays under the limit. Recency is the mtime of
+``k.meta``, touched on every use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidal.errors import StorageError
+from tidal.storage.stats import Stats
+
+GLOBAL_LOCK = "cache.lock"
+_META_SLACK = 4096  # a .meta file on disk
+_HASH_TRIES = 3  # downloads of one entry that may fail their size or hash check
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A remote file as the cache knows it: ``hash`` is ``"algo:hex"`` when the index has one."""
+
+    url: str
+    size: int
+    version: str | None = None
+    hash: str | None = None
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha1(f"{self.url}\n{self.version or self.size}".encode()).hexdigest()
+
+    @property
+    def algorithm(self) -> str:
+        return self.hash.split(":", 1)[0] if self.hash else "sha256"
+
+
+# writes the whole file into the given path and returns its "algo:hex" digest
+Fill = Callable[[Path, str], str]
+
+
+class Handle:
+    """A cached file held open for use: it cannot be evicted until :meth:`release`."""
+
+    def __init__(self, path: Path, fd: int, digest: str | None):
+        self.path, self._fd, self.digest = path, fd, digest
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class _Files:
+    def __init__(self, root: Path, key: str):
+        d = root / key[:2]
+        self.dir = d
+        self.shard, self.meta, self.part = d / f"{key}.shard", d / f"{key}.meta", d / f"{key}.part"
+        self.use, self.fetch = d / f"{key}.use", d / f"{key}.fetch"
+
+
+def _lock(path: Path, how: int) -> int | None:
+    """An fd of ``path`` locked with ``how``; None if ``LOCK_NB`` and it is busy.
+
+    The lock is taken on the file the path names *after* locking: an evictor may have
+    unlinked the path while we waited, and a lock on an unlinked file protects nothing.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, how)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _usage(st: os.stat_result) -> int:
+    return max(st.st_size, st.st_blocks * 512)
+
+
+class Cache:
+    """The cache directory ``root``, holding at most ``limit`` bytes on disk.
+
+    >>> cache = Cache(Path("~/.cache/tidal/shards").expanduser(), limit=50 * 10**9)
+    >>> with cache.acquire(Entry(url, size, etag), fill) as handle:
+    ...     open(handle.path, "rb")        # complete, checked, and not evicted while held
+    """
+
+    def __init__(self, root: Path, limit: int, stats: Stats | None = None, *, verify: bool = False):
+        self.root = Path(root)
+        self.limit = limit
+        self.stats = stats if stats is not None else Stats()
+        self.verify = verify
+        self._verified: set[str] = set()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the shard cache {self.root}: {exc}") from None
+
+    # -- use -------------------------------------------------------------------------
+
+    def lookup(self, entry: Entry) -> Handle | None:
+        """The entry, held, if it is complete in the cache; never downloads."""
+        f = _Files(self.root, entry.key)
+        if not f.meta.exists():
+            return None
+        fd = _lock(f.use, fcntl.LOCK_SH)
+        assert fd is not None
+        meta = self._valid(f, entry)
+        if meta is None:
+            os.close(fd)
+            return None
+        self.stats.add(cache_hits=1)
+        return Handle(f.shard, fd, meta.get("hash"))
+
+    def acquire(self, entry: Entry, fill: Fill, *, wait: float = 300.0) -> Handle | None:
+        """The entry, held: from the cache, or filled by ``fill`` (once per machine) and kept.
+
+        With ``wait=0`` the call returns None instead of waiting for room in the cache
+        (for prefetching); otherwise it waits up to ``wait`` seconds for readers elsewhere
+        to release enough, then raises :class:`StorageError`.
+        """
+        if entry.size + _META_SLACK > self.limit:
+            raise StorageError(
+                f"{entry.url}: {entry.size:,} bytes do not fit in the cache_limit of {self.limit:,} bytes",
+                url=entry.url,
+            )
+        f = _Files(self.root, entry.key)
+        f.dir.mkdir(exist_ok=True)
+        use = _lock(f.use, fcntl.LOCK_SH)
+        assert use is not None
+        try:
+            meta = self._valid(f, entry)
+            if meta is not None:
+                self.stats.add(cache_hits=1)
+                return Handle(f.shard, use, meta.get("hash"))
+            self.stats.add(cache_misses=1)
+            fetch = _lock(f.fetch, fcntl.LOCK_EX)  # another process may be filling it: wait
+            assert fetch is not None
+            try:
+                meta = self._valid(f, entry)
+                if meta is not None:  # it was: done once, by them
+                    return Handle(f.shard, use, meta.get("hash"))
+                digest = self._fill(f, entry, fill, wait)
+                if digest is None:
+                    os.close(use)
+                    return None
+                return Handle(f.shard, use, digest)
+            finally:
+                os.close(fetch)
+        except BaseException:
+            os.close(use)
+            raise
+
+    def _fill(self, f: _Files, entry: Entry, fill: Fill, wait: float) -> str | None:
+        """Download into ``k.part``, check it, rename it into place. Holds ``k.fetch``."""
+        last = ""
+        for _ in range(_HASH_TRIES):
+            for p in (f.meta, f.shard, f.part):  # a stale or rejected copy: ours to replace
+                p.unlink(missing_ok=True)
+            if not self._reserve(f, entry, wait):
+                return None
+            try:
+                digest = fill(f.part, entry.algorithm)
+                size = os.stat(f.part).st_size
+                if size != entry.size or (entry.hash is not None and digest != entry.hash):
+                    self.stats.add(corrupt=1)
+                    got = f"{size:,} bytes" if size != entry.size else digest
+                    problem = f"expected {entry.size:,} bytes" if size != entry.size else f"expected {entry.hash}"
+                    last = f"{entry.url}: the download does not match the index ({problem}, got {got})"
+                    continue
+                os.replace(f.part, f.shard)
+            except BaseException:
+                f.part.unlink(missing_ok=True)
+                raise
+            st = os.stat(f.shard)
+            meta = {"url": entry.url, "version": entry.version, "size": entry.size, "hash": digest}
+            meta.update(placed_size=st.st_size, placed_mtime_ns=st.st_mtime_ns)
+            tmp = f.meta.with_name(f.meta.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(meta))
+            os.replace(tmp, f.meta)
+            self._verified.add(f.shard.name)
+            return digest
+        f.part.unlink(missing_ok=True)
+        raise StorageError(f"{last}; tried {_HASH_TRIES} times", url=entry.url, attempts=_HASH_TRIES)
+
+    def _valid(self, f: _Files, entry: Entry) -> dict | None:
+        """The meta of a complete, unaltered copy of ``entry``; None (and the copy removed) otherwise.
+
+        The caller holds ``k.use``. Checked: the meta says this URL, version and size (and
+        hash, when the index has one), and the file still has the size and mtime it had
+        when placed. With ``verify``, the first use in this process also re-hashes it.
+        """
+        try:
+            meta = json.loads(f.meta.read_text())
+            st = os.stat(f.shard)
+        except (OSError, ValueError):
+            return None
+        ok = (
+            meta.get("url") == entry.url
+            and meta.get("size") == entry.size
+            and st.st_size == entry.size == meta.get("placed_size")
+            and st.st_mtime_ns == meta.get("placed_mtime_ns")
+            and (entry.hash is None or meta.get("hash") == entry.hash)
+        )
+        if ok and self.verify and f.shard.name not in self._verified:
+            algo = str(meta.get("hash") or entry.algorithm).split(":", 1)[0]
+            ok = meta.get("hash") == file_digest(f.shard, algo)
+            if ok:
+                self._verified.add(f.shard.name)
+        if not ok:
+            self.stats.add(corrupt=1)
+            f.meta.unlink(missing_ok=True)  # the next filler replaces the shard itself
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(f.meta)  # most recently used
+        return meta
+
+    # -- space -----------------------------------------------------------------------
+
+    def _reserve(self, f: _Files, entry: Entry, wait: float) -> bool:
+        """Make room for ``entry`` and preallocate its ``.part``; False if there is none and ``wait`` is 0."""
+        need = -(-entry.size // 4096) * 4096 + _META_SLACK
+        deadline = time.monotonic() + wait
+        pause = 0.05
+        while True:
+            held = _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX)
+            assert held is not None
+            try:
+                if self._make_room(need, keep=entry.key):
+                    try:
+                        self._preallocate(f.part, entry.size)
+                        return True
+                    except OSError as exc:
+                        if exc.errno != errno.ENOSPC:
+                            raise StorageError(f"cannot write to the shard cache {self.root}: {exc}") from None
+                        if not self._evict_one(keep=entry.key):
+                            raise StorageError(
+                                f"{entry.url}: the disk of the shard cache {self.root} is full "
+                                "and nothing in the cache can be evicted",
+                                url=entry.url,
+                            ) from None
+                        continue
+            finally:
+                os.close(held)
+            if wait <= 0:
+                return False
+            if time.monotonic() > deadline:
+                raise StorageError(
+                    f"{entry.url}: no room in the shard cache {self.root} for {entry.size:,} bytes after "
+                    f"{wait:.0f}s: readers hold shards that fill the cache_limit of {self.limit:,} bytes; "
+                    "raise cache_limit or use fewer readers per machine",
+                    url=entry.url,
+                )
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+    @staticmethod
+    def _preallocate(path: Path, size: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if size:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    def usage(self) -> int:
+        """Bytes the cache takes on disk now, finished and in progress (what ``du`` counts)."""
+        return sum(e[1] for e in self._scan().values())
+
+    def _scan(self) -> dict[str, tuple[float, int, bool]]:
+        """``{key: (last use, bytes on disk, complete)}`` of every entry."""
+        out: dict[str, tuple[float, int, bool]] = {}
+        try:
+            subdirs = [d for d in os.scandir(self.root) if d.is_dir() and len(d.name) == 2]
+        except FileNotFoundError:
+            return out
+        for d in subdirs:
+            try:
+                files = list(os.scandir(d.path))
+            except FileNotFoundError:
+                continue
+            for e in files:
+                key, _, kind = e.name.partition(".")
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                used, size, complete = out.get(key, (0.0, 0, False))
+                if kind == "meta":
+                    used, complete = st.st_mtime, True
+                elif kind == "part":
+                    used = max(used, st.st_mtime)
+                out[key] = (used, size + _usage(st), complete)
+        return out
+
+    def _make_room(self, need: int, keep: str) -> bool:
+        """Evict least recently used entries no one holds until ``need`` more bytes fit. Holds cache.lock."""
+        entries = self._scan()
+        total = sum(e[1] for e in entries.values())
+        for key, (_, size, complete) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+            stale = not complete
+            if key == keep or (total + need <= self.limit and not stale):
+                continue
+            if self._evict(key, count=complete):  # stale .part files go whatever the room
+                total -= size
+        return total + need <= self.limit
+
+    def _evict_one(self, keep: str) -> bool:
+        for key, _ in sorted(self._scan().items(), key=lambda kv: kv[1][0]):
+            if key != keep and self._evict(key, count=True):
+                return True
+        return False
+
+    def _evict(self, key: str, *, count: bool) -> bool:
+        """Remove entry ``key`` if no one holds it; whether it was removed."""
+        f = _Files(self.root, key)
+        fd = _lock(f.use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is None:
+            return False
+        try:
+            for p in (f.meta, f.shard, f.part, f.fetch, f.use):  # the lock file last, still locked
+                p.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+        if count:
+            self.stats.add(evictions=1)
+        return True
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    """``"algo:hex"`` of a file's bytes."""
+    with open(path, "rb") as fh:
+        return f"{algorithm}:{hashlib.file_digest(fh, algorithm).hexdigest()}"

@@ -1,0 +1,104 @@
+"""How a dataset reaches remote shards and where it keeps them: one frozen, picklable value.
+
+A :class:`Storage` travels inside the read plan into every DataLoader worker, so it holds
+only plain data: no filesystem object, no open file, no thread. Each process builds its
+own clients from it (see :mod:`tidal.storage.fs`), which is what keeps forked workers safe.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidal.storage.retry import Retry
+
+DEFAULT_CACHE_LIMIT = 50 * 10**9
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string such as ``"50GB"``, ``"1.5 TB"`` or ``"512MiB"``.
+
+    >>> parse_size("50GB")
+    50000000000
+    """
+    if isinstance(size, int):
+        if size < 0:
+            raise ValueError(f"a size cannot be negative: {size}")
+        return size
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(size))
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"not a size: {size!r} (try '50GB', '512MiB' or a number of bytes)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def default_cache_dir() -> Path:
+    """``$TIDAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tidal``, else ``~/.cache/tidal``."""
+    from tidal.shards import cache_dir  # the one place that reads these variables
+
+    return cache_dir()
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where remote shards come from and how they are kept on local disk.
+
+    >>> Storage(options={"endpoint_url": "http://127.0.0.1:9000"}, cache_limit="20GB")
+
+    - ``options``: fsspec ``storage_options`` for the URL's filesystem (credentials,
+      endpoint, ...). They are passed through as they are, never printed.
+    - ``cache_dir``: the shard cache; by default ``<tidal cache dir>/shards``. Several
+      datasets and processes may share one directory.
+    - ``cache_limit``: bytes (or ``"50GB"``) the cache may hold on disk; least recently used
+      shards that no reader holds are evicted to stay under it.
+    - ``timeout``: seconds one request may take before it is abandoned and retried.
+    - ``retry``: how often and how patiently transient errors are retried.
+    - ``prefetch``: how many upcoming shards each reader downloads ahead of itself.
+    - ``part_size`` / ``parallel``: a shard is fetched as ranged GETs of ``part_size``
+      bytes, ``parallel`` of them at a time.
+    - ``verify``: also re-hash a cached shard the first time a reader opens it (by default
+      only its size and modification time are checked; hashes are checked on download).
+    - ``backend``: ``"auto"``, or force ``"s3fs"`` / ``"obstore"`` for ``s3://`` URLs.
+    """
+
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
+    cache_dir: str | None = None
+    cache_limit: int | str = DEFAULT_CACHE_LIMIT
+    timeout: float = 60.0
+    retry: Retry = field(default_factory=Retry)
+    prefetch: int = 8
+    part_size: int = 16 << 20
+    parallel: int = 4
+    verify: bool = False
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_limit", parse_size(self.cache_limit))
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(os.fspath(self.cache_dir))))
+        if self.backend not in ("auto", "s3fs", "obstore"):
+            raise ValueError(f"backend must be 'auto', 's3fs' or 'obstore', not {self.backend!r}")
+        if self.timeout <= 0 or self.prefetch < 0 or self.part_size < 1 or self.parallel < 1:
+            raise ValueError("timeout, part_size and parallel must be positive and prefetch at least 0")
+
+    @property
+    def limit(self) -> int:
+        assert isinstance(self.cache_limit, int)
+        return self.cache_limit
+
+    @property
+    def root(self) -> Path:
+        """The directory of the shard cache."""
+        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir() / "shards"
+
+    def __repr__(self) -> str:  # options may hold credentials: name the keys only
+        keys = ", ".join(sorted(self.options))
+        return (
+            f"Storage(options=<{keys or 'none'}>, cache_dir={self.cache_dir!r}, cache_limit={self.cache_limit}, "
+            f"timeout={self.timeout}, retry={self.retry}, prefetch={self.prefetch})"
+        )

@@ -1,0 +1,148 @@
+"""Remote files made local: fetched into the shard cache, or read in place by byte ranges.
+
+A shard is downloaded as ranged GETs of ``part_size`` bytes, ``parallel`` of them in
+flight, written in order into the cache's preallocated ``.part`` and hashed on the way.
+Each part is a request of its own, with its own timeout and retries, so one reset costs one
+part, not the shard. A part that comes back short is retried; a file that ends up with the
+wrong size, or a hash other than the index's, is rejected by the cache and fetched again.
+
+:class:`RangeFile` is the other way: a seekable file whose reads are ranged GETs, for
+reading a few columns or row groups of a large Parquet file without downloading all of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from tidal.storage.cache import Cache, Entry, Handle
+from tidal.storage.config import Storage
+from tidal.storage.fs import Remote, protocol
+from tidal.storage.stats import Stats
+
+
+class Fetcher:
+    """Downloads remote files into the cache of ``storage``; one per process and reader.
+
+    >>> fetcher = Fetcher(Storage(options={"anon": True}))
+    >>> with fetcher.acquire(Entry("s3://bucket/a.jsonl", size, etag)) as handle:
+    ...     handle.path                        # a complete local copy, held while in use
+    """
+
+    def __init__(self, storage: Storage, stats: Stats | None = None):
+        self.storage = storage
+        self.stats = stats if stats is not None else Stats()
+        self.cache = Cache(storage.root, storage.limit, self.stats, verify=storage.verify)
+        self._remotes: dict[str, Remote] = {}
+        self._parts: ThreadPoolExecutor | None = None
+
+    def remote(self, url: str) -> Remote:
+        proto = protocol(url)
+        if proto is None:
+            raise ValueError(f"{url} is not a remote URL")
+        if proto not in self._remotes:
+            self._remotes[proto] = Remote(proto, self.storage, self.stats)
+        return self._remotes[proto]
+
+    def acquire(self, entry: Entry, *, wait: float = 300.0) -> Handle | None:
+        """A held local copy of ``entry``: from the cache, or downloaded once per machine.
+
+        ``wait=0``: None instead of waiting for room in the cache (prefetching)."""
+        return self.cache.acquire(entry, lambda path, algo: self._download(entry, path, algo), wait=wait)
+
+    def lookup(self, entry: Entry) -> Handle | None:
+        """A held local copy if the cache has one; never downloads."""
+        return self.cache.lookup(entry)
+
+    def _download(self, entry: Entry, path: Path, algorithm: str) -> str:
+        remote = self.remote(entry.url)
+        digest = hashlib.new(algorithm)
+        size, part = entry.size, self.storage.part_size
+        with open(path, "r+b") as out:
+            if size <= part:
+                data = remote.cat(entry.url, size=size)
+                out.write(data)
+                digest.update(data)
+            else:
+                pool = self._pool()
+                starts = iter(range(0, size, part))
+                window: deque[Future[bytes]] = deque()
+
+                def submit() -> None:
+                    start = next(starts, None)
+                    if start is not None:
+                        window.append(pool.submit(remote.cat, entry.url, start, min(start + part, size)))
+
+                for _ in range(self.storage.parallel):
+                    submit()
+                try:
+                    while window:
+                        data = window.popleft().result()
+                        submit()
+                        out.write(data)
+                        digest.update(data)
+                finally:
+                    for fut in window:
+                        fut.cancel()
+            out.truncate()  # whatever was preallocated beyond what came
+        return f"{algorithm}:{digest.hexdigest()}"
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._parts is None:
+            self._parts = ThreadPoolExecutor(self.storage.parallel * 2, thread_name_prefix="tidal-part")
+        return self._parts
+
+    def range_file(self, url: str, size: int) -> RangeFile:
+        return RangeFile(self.remote(url), url, size, self.stats)
+
+    def close(self) -> None:
+        if self._parts is not None:
+            self._parts.shutdown(wait=False, cancel_futures=True)
+            self._parts = None
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only, seekable view of a remote file: every read is one ranged GET, retried.
+
+    >>> pq.ParquetFile(fetcher.range_file(url, size))   # reads the footer, then only what is asked
+    """
+
+    def __init__(self, remote: Remote, url: str, size: int, stats: Stats):
+        super().__init__()
+        self._remote, self.url, self.size, self._stats = remote, url, size, stats
+        self._pos = 0
+
+    def __repr__(self) -> str:
+        return f"RangeFile({self.url!r})"
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        n = max(0, min(len(buffer), self.size - self._pos))
+        if n == 0:
+            return 0
+        t0 = time.monotonic()
+        data = self._remote.cat(self.url, self._pos, self._pos + n)
+        self._stats.add(io_wait_s=time.monotonic() - t0)
+        memoryview(buffer).cast("B")[:n] = data
+        self._pos += n
+        return n
+
+    def readall(self) -> bytes:
+        return self.read(self.size - self._pos) or b""

@@ -1,0 +1,300 @@
+"""A URL's filesystem, and the few requests tidal makes to it: list, stat, ranged GET.
+
+Any fsspec protocol works (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``hf://``, ...);
+``storage_options`` go to the filesystem as they are. :class:`Remote` is a per-process
+handle: it builds its client lazily, in the process that uses it, because clients hold
+event loops and connection pools that do not survive ``fork`` (DataLoader workers).
+
+Every request has a timeout (``Storage.timeout``; for fsspec's async filesystems it is
+enforced around the request itself, so it holds for any protocol) and goes through
+:func:`tidal.storage.retry.call`. Where tidal builds the client, the client's own retry
+loop is turned off so that retries are counted once, in one place.
+
+``s3://`` has two clients. s3fs is the default. obstore's fsspec layer is used when asked
+for (``Storage(backend="obstore")``): it moves whole shards faster, but its Rust runtime
+does not survive ``fork``, and torch's DataLoader forks its workers; see ``bench/bench_s3.py``.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+import posixpath
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from tidal.errors import SourceError, StorageError
+from tidal.storage.config import Storage
+from tidal.storage.retry import Truncated, call
+from tidal.storage.stats import Stats
+
+_LOCAL = {"file", "local"}
+_VERSION_KEYS = ("ETag", "etag", "e_tag", "generation", "VersionId", "version_id", "blob_id", "md5Hash")
+_MTIME_KEYS = ("LastModified", "last_modified", "mtime", "updated", "modified", "last_commit", "created")
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What a listing says about a remote file: its size and a token that changes with its content."""
+
+    size: int
+    version: str | None
+
+
+def protocol(src: str | os.PathLike) -> str | None:
+    """The URL scheme of ``src`` (``"s3"``, ``"https"``), or None for a local path."""
+    if not isinstance(src, str) or "://" not in src:
+        return None
+    scheme = src.split("://", 1)[0].lower()
+    if not scheme.replace("+", "").replace("-", "").isalnum():
+        return None
+    return None if scheme in _LOCAL else scheme
+
+
+def is_remote(src: str | os.PathLike) -> bool:
+    """Whether ``src`` is a URL that fsspec reaches over the network (not a local path or ``file://``)."""
+    return protocol(src) is not None
+
+
+def local_path(src: str | os.PathLike) -> str:
+    """A local path, with a ``file://`` prefix removed."""
+    s = os.fspath(src)
+    for prefix in ("file://", "local://"):
+        if s.lower().startswith(prefix):
+            return s[len(prefix) :]
+    return s
+
+
+def _version(info: dict) -> str | None:
+    for keys in (_VERSION_KEYS, _MTIME_KEYS):
+        for k in keys:
+            v = info.get(k)
+            if v not in (None, ""):
+                return str(v).strip('"')
+    return None
+
+
+class Remote:
+    """One process's client for one protocol, with tidal's timeouts and retries.
+
+    >>> r = Remote("s3", Storage(options={"anon": True}))
+    >>> r.expand("s3://bucket/data/*.parquet")     # {url: FileStat}
+    >>> r.cat("s3://bucket/data/a.parquet", 0, 1024)
+    """
+
+    def __init__(self, proto: str, storage: Storage, stats: Stats | None = None):
+        self.protocol = proto
+        self.storage = storage
+        self.stats = stats if stats is not None else Stats()
+        self._pid = os.getpid()
+
+    @cached_property
+    def backend(self) -> str:
+        """``"s3fs"``, ``"obstore"`` or ``"fsspec"`` (any other protocol)."""
+        if self.protocol not in ("s3", "s3a"):
+            return "fsspec"
+        return "obstore" if self.storage.backend == "obstore" else "s3fs"
+
+    @property
+    def fs(self) -> Any:
+        if self._pid != os.getpid() or "_fs" not in self.__dict__:
+            self._pid = os.getpid()
+            self.__dict__["_fs"] = self._build()
+        return self.__dict__["_fs"]
+
+    def _build(self) -> Any:
+        try:
+            import fsspec
+        except ImportError as exc:  # pragma: no cover - fsspec is a dependency
+            raise StorageError(f"reading {self.protocol}:// URLs needs fsspec: {exc}") from None
+        options = dict(self.storage.options)
+        try:
+            if self.backend == "obstore":
+                return _obstore(options, self.storage)
+            if self.backend == "s3fs":
+                return _s3fs(options, self.storage)
+            if self.protocol in ("http", "https") and "client_kwargs" not in options:
+                import aiohttp
+
+                t = self.storage.timeout
+                options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=min(t, 10), sock_read=t)}
+            return fsspec.filesystem(self.protocol, **options)
+        except ImportError as exc:
+            extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "hf": "hf"}
+            hint = f" (pip install 'tidal[{extra[self.protocol]}]')" if self.protocol in extra else ""
+            raise StorageError(
+                f"reading {self.protocol}:// URLs needs a package that is missing{hint}: {exc}"
+            ) from None
+        except ValueError as exc:
+            raise StorageError(f"{self.protocol}://: unknown protocol or bad storage_options: {exc}") from None
+
+    def path(self, url: str) -> str:
+        """The filesystem's own name for ``url``."""
+        return url if self.backend == "obstore" else self.fs._strip_protocol(url)
+
+    def url(self, path: str) -> str:
+        """The full URL of a path the filesystem returned."""
+        return self.fs.unstrip_protocol(path)
+
+    def _request(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``fs.<name>(...)``; for async filesystems on fsspec's loop, under the request timeout."""
+        fs = self.fs
+        if getattr(fs, "async_impl", False) and hasattr(fs, f"_{name}"):
+            from fsspec.asyn import sync
+
+            return sync(fs.loop, getattr(fs, f"_{name}"), *args, timeout=self.storage.timeout, **kwargs)
+        return getattr(fs, name)(*args, **kwargs)
+
+    def cat(self, url: str, start: int | None = None, end: int | None = None, *, size: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of ``url``, or all ``size`` of them; retried, never short."""
+        expect = end - start if start is not None and end is not None else size
+
+        def once() -> bytes:
+            if start is None:
+                data = self._request("cat_file", self.path(url))
+            else:
+                data = self._request("cat_file", self.path(url), start=start, end=end)
+            if expect is not None and len(data) != expect:
+                raise Truncated(f"got {len(data):,} bytes of {expect:,}")
+            return bytes(data)
+
+        what = "GET" if start is None else f"GET bytes {start}-{end}"
+        data = call(once, url=url, what=what, retry=self.storage.retry, stats=self.stats)
+        self.stats.add(bytes_downloaded=len(data), requests=1)
+        return data
+
+    def stat(self, url: str) -> FileStat:
+        info = self._info(url)
+        if info.get("type") == "directory":
+            raise StorageError(f"{url}: is a directory, not a file", url=url)
+        return FileStat(int(info["size"]), _version(info))
+
+    def _info(self, url: str) -> dict:
+        try:
+            return call(lambda: self._request("info", self.path(url)), url=url, what="HEAD", retry=self.storage.retry)
+        except StorageError as exc:
+            if _not_found(exc):
+                raise SourceError(f"{url}: no such file or directory") from None
+            raise
+
+    def expand(self, entry: str, keep: Any = None) -> dict[str, FileStat]:
+        """The files ``entry`` names: a file, a directory (searched recursively, names starting
+        with ``.`` or ``_`` skipped, only those ``keep(name)`` accepts) or a glob; sorted by URL."""
+        path = self.path(entry)
+        retry = self.storage.retry
+        if _glob.has_magic(entry.split("://", 1)[1]):
+            found = call(lambda: self.fs.glob(path, detail=True), url=entry, what="LIST", retry=retry)
+            files = {k: v for k, v in found.items() if v.get("type", "file") != "directory"}
+            files = {k: v for k, v in files.items() if not posixpath.basename(k.rstrip("/")).startswith(".")}
+            if not files:
+                raise SourceError(f"{entry}: the pattern matches no file")
+        else:
+            info = self._info(entry)
+            if info.get("type") == "directory":
+                found = call(lambda: self.fs.find(path, detail=True), url=entry, what="LIST", retry=retry)
+                base = self.path(entry).rstrip("/")
+                files = {}
+                for k, v in found.items():
+                    rel = k[len(base) :].lstrip("/") if k.startswith(base) else posixpath.basename(k)
+                    parts = rel.split("/")
+                    if any(p.startswith(".") for p in parts) or parts[-1].startswith("_"):
+                        continue
+                    if v.get("type", "file") == "file" and (keep is None or keep(parts[-1])):
+                        files[k] = v
+                if not files:
+                    raise SourceError(f"{entry}: the directory holds no file tidal can read")
+            else:
+                files = {path: info}
+        out = {self.url(k): FileStat(int(v["size"]), _version(v)) for k, v in files.items()}
+        return dict(sorted(out.items()))
+
+
+def _not_found(exc: BaseException) -> bool:
+    e: BaseException | None = exc
+    for _ in range(6):
+        if e is None:
+            return False
+        if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
+            return True
+        if "NoSuchKey" in str(e) or "Not Found" in str(e) or "404" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _s3fs(options: dict, storage: Storage) -> Any:
+    """s3fs with botocore's and s3fs's own retries off and tidal's timeouts."""
+    config = dict(options.pop("config_kwargs", None) or {})
+    config.setdefault("connect_timeout", min(storage.timeout, 10.0))
+    config.setdefault("read_timeout", storage.timeout)
+    config.setdefault("retries", {"total_max_attempts": 1})
+    return _TidalS3(config_kwargs=config, **options)
+
+
+def _s3_class() -> type:
+    from s3fs import S3FileSystem
+
+    class TidalS3FileSystem(S3FileSystem):
+        """s3fs whose own retry loop tries once: tidal retries, and counts."""
+
+        retries = 1
+
+    return TidalS3FileSystem
+
+
+class _LazyClass:
+    """Builds the s3fs subclass on first use, so importing this module imports no cloud library."""
+
+    def __init__(self) -> None:
+        self._cls: type | None = None
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if self._cls is None:
+            self._cls = _s3_class()
+        return self._cls(**kwargs)
+
+
+_TidalS3 = _LazyClass()
+
+# s3fs storage_options that have an exact obstore equivalent
+_OBSTORE_KEYS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
+
+
+def obstore_options(options: dict) -> dict | None:
+    """obstore's S3 configuration for s3fs-style ``storage_options``; None when one has no equivalent."""
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if k in _OBSTORE_KEYS:
+            out[_OBSTORE_KEYS[k]] = v
+        elif k == "endpoint_url":
+            out["endpoint"] = v
+        elif k == "anon":
+            out["skip_signature"] = bool(v)
+        elif k == "client_kwargs" and set(v) <= {"region_name", "endpoint_url"}:
+            if "region_name" in v:
+                out["region"] = v["region_name"]
+            if "endpoint_url" in v:
+                out["endpoint"] = v["endpoint_url"]
+        else:
+            return None
+    return out
+
+
+def _obstore(options: dict, storage: Storage) -> Any:
+    from obstore.fsspec import FsspecStore
+
+    config = obstore_options(options)
+    if config is None:
+        raise StorageError(
+            f"backend='obstore' cannot take these storage_options: {', '.join(sorted(options))} "
+            "(it knows key, secret, token, endpoint_url, anon, client_kwargs.region_name)"
+        )
+    endpoint = str(config.get("endpoint", ""))
+    t = storage.timeout
+    client: dict[str, Any] = {"timeout": timedelta(seconds=t), "connect_timeout": timedelta(seconds=min(t, 10.0))}
+    if endpoint.startswith("http:"):
+        client["allow_http"] = True
+    store: Any = FsspecStore
+    return store("s3", client_options=client, retry_config={"max_retries": 0}, **config)

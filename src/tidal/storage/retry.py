@@ -1,0 +1,214 @@
+"""Retries of remote requests: which errors are worth another try, and how long to wait.
+
+Object stores fail in passing all the time: a connection reset, a 503 ``SlowDown``, a 429,
+a read that stalls, a body cut short. Each request tidal makes goes through :func:`call`,
+which retries such errors with exponential backoff and full jitter (a random wait in
+``[0, min(max_backoff, backoff * 2**attempt)]``, so clients that failed together do not
+retry together) and gives up at once on errors that another try cannot fix (not found,
+access denied). When it gives up, the :class:`~tidal.errors.StorageError` names the URL,
+the attempts, the time spent and the last error, with credentials removed.
+
+Errors are recognised by type *name* and status code, walking ``__cause__`` and
+``__context__``, so no client library (botocore, aiohttp, obstore) is imported to check.
+The clients' own retry loops are turned off where tidal builds them (see
+:mod:`tidal.storage.fs`), so the counts in the stats are the real ones.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tidal.errors import StorageError
+from tidal.storage.stats import Stats
+
+T = TypeVar("T")
+
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_TRANSIENT_NAMES = {
+    # python, urllib3, http.client
+    "IncompleteRead",
+    "RemoteDisconnected",
+    "ProtocolError",
+    "ReadTimeoutError",
+    "NewConnectionError",
+    # aiohttp
+    "ClientPayloadError",
+    "ServerDisconnectedError",
+    "ClientConnectionError",
+    "ClientConnectorError",
+    "ClientOSError",
+    "ServerTimeoutError",
+    "ConnectionTimeoutError",
+    "SocketTimeoutError",
+    "ContentLengthError",
+    "TransferEncodingError",
+    # botocore
+    "ConnectTimeoutError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "IncompleteReadError",
+    "ResponseStreamingError",
+    "HTTPClientError",
+    "ResponseParserError",
+    # fsspec, tidal
+    "FSTimeoutError",
+    "Truncated",
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "BandwidthLimitExceeded",
+    "EC2ThrottledException",
+}
+_PERMANENT_CODES = {"NoSuchKey", "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "404"}
+# last resort, for clients that only say it in words (obstore, gcsfs, adlfs)
+_TRANSIENT_TEXT = re.compile(
+    r"\b(?:429|500|502|503|504)\b|SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|timed? ?out|[Tt]imeout"
+    r"|reset by peer|[Cc]onnection (?:reset|closed|aborted|refused)|[Bb]roken pipe|temporarily unavailable"
+    r"|[Ss]ervice [Uu]navailable|error sending request|error decoding response body|IncompleteRead"
+    r"|end of file before message length|[Pp]ayload"
+)
+_PERMANENT_TEXT = re.compile(r"\b(?:400|401|403|404|416)\b|[Nn]ot [Ff]ound|NoSuchKey|AccessDenied|[Ff]orbidden")
+
+
+class Truncated(OSError):
+    """A response shorter than it said it was: retried like a reset connection."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a failed request is retried.
+
+    >>> Retry(attempts=10, backoff=0.5)      # more patient than the default
+
+    ``attempts`` counts every try, the first included. Wait ``i`` (from 0) is uniform in
+    ``[0, min(max_backoff, backoff * 2**i)]`` seconds.
+    """
+
+    attempts: int = 8
+    backoff: float = 0.25
+    max_backoff: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError("attempts must be at least 1 and backoffs at least 0")
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
+
+
+_rng = random.Random()  # jitter only: never decides anything about the data
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether another try of the request that raised ``exc`` may succeed."""
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and len(seen) < 8 and not any(e is s for s in seen):
+        seen.append(e)
+        verdict = _judge(e)
+        if verdict is not None:
+            return verdict
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(s) for s in seen)
+    if _PERMANENT_TEXT.search(text):
+        return False
+    return bool(_TRANSIENT_TEXT.search(text))
+
+
+def _judge(e: BaseException) -> bool | None:
+    """True or False when ``e`` alone decides; None to look further down the chain."""
+    name = type(e).__name__
+    if name in _TRANSIENT_NAMES:
+        return True
+    code, status = _code_and_status(e)
+    if code in _TRANSIENT_CODES or status in (408, 429) or (status is not None and status >= 500):
+        return True
+    if code in _PERMANENT_CODES or (status is not None and 400 <= status < 500):
+        return False
+    if isinstance(e, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(e, _PERMANENT) and e.__cause__ is None:
+        return False
+    return None
+
+
+def _code_and_status(e: BaseException) -> tuple[str | None, int | None]:
+    response = getattr(e, "response", None)  # botocore ClientError
+    if isinstance(response, dict):
+        err = response.get("Error", {})
+        meta = response.get("ResponseMetadata", {})
+        status = meta.get("HTTPStatusCode")
+        return err.get("Code"), int(status) if status is not None else None
+    status = getattr(e, "status", None) or getattr(e, "status_code", None) or getattr(e, "code", None)
+    return None, status if isinstance(status, int) else None
+
+
+def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats | None = None) -> T:
+    """``fn()``, retried on transient errors; a :class:`StorageError` naming ``url`` when it gives up.
+
+    >>> data = call(lambda: fs.cat_file(path), url=url, what="GET", retry=Retry())
+    """
+    start = time.monotonic()
+    for attempt in range(retry.attempts):
+        try:
+            return fn()
+        except StorageError:
+            raise
+        except Exception as exc:
+            if not transient(exc):
+                raise StorageError(f"{url}: {what} failed: {describe(exc)}", url=url, attempts=attempt + 1) from _clean(
+                    exc
+                )
+            if attempt + 1 >= retry.attempts:
+                raise StorageError(
+                    f"{url}: {what} failed {retry.attempts} times in {time.monotonic() - start:.1f}s "
+                    f"(transient errors, retried with backoff); last error: {describe(exc)}",
+                    url=url,
+                    attempts=attempt + 1,
+                ) from _clean(exc)
+            if stats is not None:
+                stats.add(retries=1)
+            time.sleep(retry.delay(attempt, _rng))
+    raise AssertionError("unreachable")
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an error, with credentials and signed query strings removed."""
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {redact(text)}"[:600]
+
+
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+_QUERY = re.compile(r"(https?://[^\s?'\"]+)\?[^\s'\"]*")
+_SECRET_FIELD = re.compile(
+    r"(?i)((?:secret|token|password|signature|credential|key)[\w-]*['\"]?\s*[:=]\s*['\"]?)[^\s,'\"&}]+"
+)
+
+
+def redact(text: str) -> str:
+    """``text`` without ``user:password@`` in URLs, query strings (signatures) or ``secret=...`` fields."""
+    text = _USERINFO.sub("", text)
+    text = _QUERY.sub(r"\1?<redacted>", text)
+    return _SECRET_FIELD.sub(r"\1<redacted>", text)
+
+
+def _clean(exc: BaseException) -> BaseException | None:
+    """The cause to chain: kept when its text holds nothing to hide, else dropped."""
+    return exc if redact(str(exc)) == str(exc) else None

@@ -1,9 +1,10 @@
-"""The ``tidal`` command: ``tidal inspect PATH`` and ``tidal demo``."""
+"""The ``tidal`` command: ``inspect``, ``state show``, ``state skip`` and ``demo``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -17,6 +18,31 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"  {s.rows:>10}  {s.bytes / 1e6:>9.2f} MB  {s.format}{comp}  {s.path}")
     if len(ds.shards) > args.limit:
         print(f"  ... {len(ds.shards) - args.limit} more")
+    return 0
+
+
+def _state_show(args: argparse.Namespace) -> int:
+    import json
+
+    from tidal.state import show
+
+    print(show(json.loads(Path(args.state).read_text())))
+    return 0
+
+
+def _state_skip(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from tidal.state import skip
+
+    new = skip(json.loads(Path(args.state).read_text()), args.batches)
+    out = args.output or args.state.replace(".json", "") + f".skip{args.batches}.json"
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(new, f)
+    os.replace(tmp, out)
+    print(f"wrote {out}: continues {args.batches} batches per rank after {args.state}")
     return 0
 
 
@@ -34,11 +60,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default=None)
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(run=_inspect)
+    p = sub.add_parser("state", help="read or edit a saved DataLoader state")
+    state_sub = p.add_subparsers(dest="action", required=True)
+    q = state_sub.add_parser("show", help="epoch, position per stream, records and tokens consumed")
+    q.add_argument("state")
+    q.set_defaults(run=_state_show)
+    q = state_sub.add_parser("skip", help="a new state that skips the next N batches (e.g. after a loss spike)")
+    q.add_argument("state")
+    q.add_argument("--batches", type=int, required=True, help="batches per rank to skip")
+    q.add_argument("-o", "--output", default=None, help="where to write it (default: STATE.skipN.json)")
+    q.set_defaults(run=_state_skip)
     p = sub.add_parser("demo", help="stream, interrupt and resume a corpus made on this machine")
     p.add_argument("--dir", default="demo-data")
     p.set_defaults(run=_demo)
     args = parser.parse_args(argv)
-    return int(args.run(args))
+    from tidal.errors import TidalError
+
+    try:
+        return int(args.run(args))
+    except (TidalError, OSError, ValueError) as exc:
+        print(f"tidal {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

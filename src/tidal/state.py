@@ -7,7 +7,7 @@ A state (``DataLoader.state_dict()``) is plain JSON:
 - ``sources``: per source, its records per epoch and whether epochs are finite;
 - ``progress``: per source, the epochs in progress and the positions used up in each (what
   a restore on another topology, or after ``skip``, continues from; see :mod:`tidal.elastic`);
-- ``counts``: batches and tokens the training loop has consumed, per rank.
+- per rank, ``counts``: the batches and tokens its training loop has consumed.
 """
 
 from __future__ import annotations
@@ -57,22 +57,22 @@ def show(state: dict) -> str:
     _check(state)
     world_size, workers = state["topology"]
     lines = [f"tidal loader state: pass {state['pass']}, saved on {world_size} rank(s) x {workers} worker(s)"]
-    counts = [c for c in (state.get("counts") or []) if c]
+    counts = [r["counts"] for r in state["ranks"] if r]
     if counts:
         batches, tokens = sum(c["batches"] for c in counts), sum(c["tokens"] for c in counts)
         lines.append(f"consumed: {batches} batches over all ranks" + (f", {tokens} tokens" if tokens else ""))
     for key, prog in (state.get("progress") or {}).items():
         total = state["sources"][key]["records"]
         epoch, done = int(prog["epoch"]), records_done(prog)
-        name = key or "source"
         partial = ", ".join(f"epoch {e}: {records_done({'done': {e: iv}})}" for e, iv in sorted(prog["done"].items()))
         lines.append(
-            f"{name}: {total} records per epoch; in epoch {epoch}; records used up in epochs in progress: {done}"
-            + (f" ({partial})" if partial else "")
-            + f"; records consumed in all: about {epoch * total + records_done({'done': {str(epoch): prog['done'].get(str(epoch), [])}})}"
+            f"{key or 'source'}: {total} records per epoch; in epoch {epoch}; "
+            f"records used up in epochs in progress: {done}" + (f" ({partial})" if partial else "")
         )
     if state.get("progress") is None:
         lines.append("progress: unknown (this state covers one rank; merge the ranks' states)")
+    if state.get("skipped_batches"):
+        lines.append(f"skipped by `tidal state skip`: {state['skipped_batches']} batches per rank")
     return "\n".join(lines)
 
 

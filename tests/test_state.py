@@ -1,0 +1,65 @@
+"""Reading and editing saved states: tidal state show / skip, in Python and on the command line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import make_shards
+
+import tidal
+from tidal.state import show, skip
+
+
+@pytest.fixture
+def ds(tmp_path: Path) -> tidal.Dataset:
+    return tidal.Dataset(make_shards(tmp_path / "data", [40, 75, 13, 60, 52, 33, 90, 17])).shuffle(seed=3).batch(5)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tidal.cli", "state", *args], capture_output=True, text=True)
+
+
+def test_show_names_epoch_position_and_counts(ds: tidal.Dataset, tmp_path: Path) -> None:
+    loader = tidal.DataLoader(ds, num_workers=2)
+    for _ in itertools.islice(loader, 12):
+        pass
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(loader.state_dict()))
+    text = show(json.loads(path.read_text()))
+    assert "1 rank(s) x 2 worker(s)" in text and "12 batches" in text and "in epoch 0" in text
+    assert "records used up in epochs in progress: 60" in text
+    out = cli("show", str(path))
+    assert out.returncode == 0 and out.stdout.strip() == text
+
+
+def test_skip_continues_later_and_never_yields_the_skipped_batches(ds: tidal.Dataset, tmp_path: Path) -> None:
+    full = [b["id"].tolist() for b in tidal.DataLoader(ds, num_workers=2)]
+    loader = tidal.DataLoader(ds, num_workers=2)
+    head = [b["id"].tolist() for b in itertools.islice(loader, 10)]
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(loader.state_dict()))
+    out = cli("skip", str(path), "--batches", "8")
+    assert out.returncode == 0, out.stderr
+    skipped_state = json.loads((tmp_path / "state.skip8.json").read_text())
+    assert skipped_state == skip(json.loads(path.read_text()), 8)
+    resumed = tidal.DataLoader(ds, num_workers=2)
+    resumed.load_state_dict(skipped_state)
+    rest = [b["id"].tolist() for b in resumed]
+    skipped = {i for b in full[10:18] for i in b}
+    seen = Counter(i for b in head + rest for i in b)
+    assert max(seen.values()) == 1 and not skipped & set(seen)
+    assert len(seen) >= 380 - 40 - 10  # all but the skipped 8 batches and the remainders
+
+
+def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text('{"not": "a state"}')
+    out = cli("show", str(tmp_path / "x.json"))
+    assert out.returncode == 2 and "not a tidal loader state" in out.stderr and "Traceback" not in out.stderr
+    out = cli("show", str(tmp_path / "missing.json"))
+    assert out.returncode == 2 and "missing.json" in out.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tidal.dataset import Dataset
-from tidal.errors import FormatError, RecordError, SourceError, StateError, TidalError
+from tidal.errors import FormatError, RecordError, SourceError, StateError, StorageError, TidalError
 from tidal.shards import Shard
 from tidal.world import World
 
@@ -25,6 +25,7 @@ __all__ = [
     "Shard",
     "SourceError",
     "StateError",
+    "StorageError",
     "TidalError",
     "World",
 ]

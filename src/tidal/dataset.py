@@ -88,6 +88,7 @@ class Dataset:
         if overrides:
             settings = replace(settings, **overrides)
         found = listing(src, settings)
+        settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
         shards = tuple(index(list(found), format, errors, settings, found))
         self._plan = ReadPlan(
             shards=shards,

@@ -32,7 +32,7 @@ from typing import Any
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
 from tidal.formats import Errors, detect, known_ending, module
 from tidal.storage.config import Storage
-from tidal.storage.fs import FileStat, Remote, local_path, protocol
+from tidal.storage.fs import FileStat, Remote, local_path, protocol, url_root
 
 INDEX_NAME = ".tidal-index.json"
 _INDEX_VERSION = 1
@@ -133,7 +133,8 @@ def index(
         if proto is None:
             shards = _index_local(group, format, errors)
         else:
-            shards = _index_remote(group, format, errors, storage or Storage(), stats or {})
+            settings = (storage or Storage()).for_files(group)
+            shards = _index_remote(group, format, errors, settings, stats or {})
         found.update((s.path, s) for s in shards)
     return [found[f] for f in files]
 
@@ -180,7 +181,7 @@ def _index_remote(
         with ThreadPoolExecutor(min(16, max(1, len(missing)))) as pool:
             stats: dict[str, FileStat] = {u: s for u, s in known.items() if s is not None}
             stats.update(zip(missing, pool.map(remote.stat, missing), strict=True))
-        root = _url_root(urls)
+        root = url_root(urls)
         where = storage.root / "index" / f"{hashlib.sha1(root.encode()).hexdigest()[:16]}.json"
         with _locked(where):
             entries = _load(where)
@@ -203,25 +204,8 @@ def _index_remote(
     return _shards(urls, entries, root, format, errors)
 
 
-def _url_root(urls: list[str]) -> str:
-    """The longest directory URL above every one of ``urls``."""
-    parts = [u.split("/")[:-1] for u in urls]
-    common = parts[0]
-    for p in parts[1:]:
-        n = 0
-        while n < min(len(common), len(p)) and common[n] == p[n]:
-            n += 1
-        common = common[:n]
-    return "/".join(common)
-
-
 def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
-    return (
-        entry is not None
-        and entry.get("bytes") == stat.size
-        and entry.get("version") == stat.version
-        and "rows" in entry
-    )
+    return entry is not None and entry.get("bytes") == stat.size and entry.get("version") == stat.version
 
 
 def _published(remote: Remote, url: str) -> dict:

@@ -320,7 +320,15 @@ class Cache:
 
     def usage(self) -> int:
         """Bytes the cache takes on disk now, finished and in progress (what ``du`` counts)."""
-        return sum(e[1] for e in self._scan().values())
+        return sum(e[1] for e in self._scan().values()) + self._fixed()
+
+    def _fixed(self) -> int:
+        """Bytes on disk that are not entries (the remote datasets' indexes): counted, never evicted."""
+        total = 0
+        for d in (self.root, self.root / "index"):
+            with contextlib.suppress(FileNotFoundError):
+                total += sum(_usage(e.stat()) for e in os.scandir(d) if e.is_file())
+        return total
 
     def _scan(self) -> dict[str, tuple[float, int, bool]]:
         """``{key: (last use, bytes on disk, complete)}`` of every entry."""
@@ -351,7 +359,7 @@ class Cache:
     def _make_room(self, need: int, keep: str) -> bool:
         """Evict least recently used entries no one holds until ``need`` more bytes fit. Holds cache.lock."""
         entries = self._scan()
-        total = sum(e[1] for e in entries.values())
+        total = sum(e[1] for e in entries.values()) + self._fixed()
         for key, (_, size, complete) in sorted(entries.items(), key=lambda kv: kv[1][0]):
             stale = not complete
             if key == keep or (total + need <= self.limit and not stale):

@@ -7,9 +7,11 @@ own clients from it (see :mod:`tidal.storage.fs`), which is what keeps forked wo
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +54,8 @@ class Storage:
 
     - ``options``: fsspec ``storage_options`` for the URL's filesystem (credentials,
       endpoint, ...). They are passed through as they are, never printed.
-    - ``cache_dir``: the shard cache; by default ``<tidal cache dir>/shards``. Several
-      datasets and processes may share one directory.
+    - ``cache_dir``: the shard cache; by default ``<tidal cache dir>/shards/<key>``, keyed
+      by the dataset's root URL. Any number of processes and datasets may share one.
     - ``cache_limit``: bytes (or ``"50GB"``) the cache may hold on disk; least recently used
       shards that no reader holds are evicted to stay under it.
     - ``timeout``: seconds one request may take before it is abandoned and retried.
@@ -94,7 +96,17 @@ class Storage:
     @property
     def root(self) -> Path:
         """The directory of the shard cache."""
-        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir() / "shards"
+        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir() / "shards" / "common"
+
+    def for_files(self, files: Iterable[str]) -> Storage:
+        """These settings, with the default cache directory of a dataset of ``files`` filled in."""
+        from tidal.storage.fs import is_remote, url_root
+
+        urls = [f for f in files if is_remote(f)]
+        if self.cache_dir is not None or not urls:
+            return self
+        key = hashlib.sha1(url_root(urls).encode()).hexdigest()[:16]
+        return replace(self, cache_dir=str(default_cache_dir() / "shards" / key))
 
     def __repr__(self) -> str:  # options may hold credentials: name the keys only
         keys = ", ".join(sorted(self.options))

@@ -67,6 +67,22 @@ def local_path(src: str | os.PathLike) -> str:
     return s
 
 
+def url_root(urls: list[str]) -> str:
+    """The longest directory URL above every one of ``urls``.
+
+    >>> url_root(["s3://b/web/a.jsonl", "s3://b/web/x/c.jsonl"])
+    's3://b/web'
+    """
+    parts = [u.split("/")[:-1] for u in urls]
+    common = parts[0]
+    for p in parts[1:]:
+        n = 0
+        while n < min(len(common), len(p)) and common[n] == p[n]:
+            n += 1
+        common = common[:n]
+    return "/".join(common)
+
+
 def _version(info: dict) -> str | None:
     for keys in (_VERSION_KEYS, _MTIME_KEYS):
         for k in keys:

@@ -82,7 +82,8 @@ _TRANSIENT_TEXT = re.compile(
     r"\b(?:429|500|502|503|504)\b|SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|timed? ?out|[Tt]imeout"
     r"|reset by peer|[Cc]onnection (?:reset|closed|aborted|refused)|[Bb]roken pipe|temporarily unavailable"
     r"|[Ss]ervice [Uu]navailable|error sending request|error decoding response body|IncompleteRead"
-    r"|end of file before message length|[Pp]ayload"
+    r"|end of file before message length|[Pp]ayload|body error|UnexpectedEof|IncompleteBody|Interrupted"
+    r"|error trying to connect|[Cc]onnection error"
 )
 _PERMANENT_TEXT = re.compile(r"\b(?:400|401|403|404|416)\b|[Nn]ot [Ff]ound|NoSuchKey|AccessDenied|[Ff]orbidden")
 
@@ -190,9 +191,14 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` of an error, with credentials and signed query strings removed."""
-    text = str(exc) or repr(exc)
-    return f"{type(exc).__name__}: {redact(text)}"[:600]
+    """``Type: message`` of an error and of its root cause, with credentials and signed query strings removed."""
+    text = f"{type(exc).__name__}: {str(exc) or repr(exc)}"
+    root, depth = exc, 0
+    while (root.__cause__ or root.__context__) is not None and depth < 8:
+        root, depth = root.__cause__ or root.__context__, depth + 1  # type: ignore[assignment]
+    if root is not exc and str(root) and str(root) not in text:
+        text += f" (from {type(root).__name__}: {root})"
+    return redact(text.split("\n\nDebug source:")[0])[:600]  # obstore appends pages of debug output
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")

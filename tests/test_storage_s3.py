@@ -1,0 +1,178 @@
+"""Remote datasets end to end: moto's S3 server on 127.0.0.1, the real client stack, a fault proxy."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import make_shards, write_parquet
+from fault_proxy import FaultProxy
+from s3_server import S3Server
+
+import tidal
+from tidal.storage import Retry, Storage
+from tidal.storage import prefetch as prefetch_module
+from tidal.storage.prefetch import entry
+
+pytest_plugins = ["s3_fixtures"]
+
+FAST = Retry(attempts=8, backoff=0.02, max_backoff=0.2)
+SIZES = [40, 75, 13, 60, 52, 33, 90, 17]
+KINDS = ["jsonl", "jsonl.zst", "parquet"] * 2 + ["jsonl", "jsonl.zst"]  # of each shard, as make_shards writes them
+
+
+def storage(s3: S3Server, tmp_path: Path, endpoint: str | None = None, **kw: object) -> Storage:
+    settings: dict = {"timeout": 1.0, "retry": FAST, "cache_dir": str(tmp_path / "cache"), **kw}
+    return Storage(options=s3.options(endpoint), **settings)
+
+
+def clear_shards(cache: Path) -> None:
+    """Empty the shard cache but keep the index: a cold start with a known dataset."""
+    for d in cache.iterdir():
+        if d.is_dir() and len(d.name) == 2:
+            shutil.rmtree(d)
+
+
+def ids(ds: tidal.Dataset) -> list[int]:
+    return [r["id"] for r in ds]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_shards(tmp_path / "data", SIZES)
+
+
+@pytest.mark.parametrize("backend", ["s3fs", "obstore"])
+def test_an_epoch_from_s3_equals_the_same_epoch_from_local_files(
+    s3: S3Server, bucket: str, data: Path, tmp_path: Path, backend: str
+) -> None:
+    url = s3.upload(data, bucket, "web")
+    local = tidal.Dataset(data).shuffle(seed=3, block_size=50, shards_per_block=3)
+    remote = tidal.Dataset(url, storage=storage(s3, tmp_path, backend=backend))
+    assert [s.path for s in remote.shards] == [f"{url}/part-{k:03d}.{kind}" for k, kind in enumerate(KINDS)]
+    assert [s.rows for s in remote.shards] == [s.rows for s in tidal.Dataset(data).shards]
+    remote = remote.shuffle(seed=3, block_size=50, shards_per_block=3)
+    assert remote.fingerprint() == local.fingerprint()  # a saved state moves between the two
+    clear_shards(tmp_path / "cache")
+    assert list(remote) == list(local)  # record for record, in the same order
+    it = remote.iterator()
+    assert [r["id"] for r in it] == ids(local)
+    stats = it.stats()
+    assert stats["cache_hits"] == len(SIZES) and stats["bytes_downloaded"] == 0  # the first pass kept them
+
+
+def test_an_epoch_completes_exactly_once_with_faults_on_a_tenth_of_requests(
+    s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    data = make_shards(tmp_path / "data", [30] * 24, kinds=("jsonl", "jsonl.zst"))
+    url = s3.upload(data, bucket, "web")
+    with FaultProxy(("127.0.0.1", s3.port), every=10, stall_s=3.0) as proxy:
+        settings = storage(s3, tmp_path, proxy.endpoint, part_size=512, parallel=3, prefetch=4)
+        ds = tidal.Dataset(url, storage=settings).shuffle(seed=5, block_size=60, shards_per_block=4)
+        clear_shards(tmp_path / "cache")
+        it = ds.iterator()
+        got = [r["id"] for r in it]
+        assert sorted(got) == list(range(24 * 30))  # every record once
+        assert got == ids(tidal.Dataset(data).shuffle(seed=5, block_size=60, shards_per_block=4))
+        assert it.stats()["retries"] > 0
+        assert set(proxy.faults) == {"reset", "503", "429", "stall", "truncate"}
+
+
+def test_retries_that_run_out_raise_an_error_naming_the_url_and_no_secret(
+    s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    url = s3.upload(make_shards(tmp_path / "data", [5]), bucket, "web")
+    with FaultProxy(("127.0.0.1", s3.port), every=1, kinds=("503",)) as proxy:
+        settings = storage(s3, tmp_path, proxy.endpoint, retry=Retry(attempts=3, backoff=0.01))
+        with pytest.raises(tidal.StorageError) as err:
+            tidal.Dataset(url, storage=settings)
+    message = str(err.value)
+    assert url in message and "3 times" in message and "503" in message
+    assert "testing-secret" not in message and "testing-secret" not in repr(settings)
+    assert err.value.url == url and err.value.attempts == 3
+    assert isinstance(err.value, OSError)
+
+
+def test_a_missing_prefix_or_file_is_a_source_error_naming_it(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    settings = storage(s3, tmp_path)
+    for missing in [f"s3://{bucket}/nothing/here", f"s3://{bucket}/nothing/*.jsonl"]:
+        with pytest.raises(tidal.SourceError, match=missing.replace("*", r"\*")):
+            tidal.Dataset(missing, storage=settings)
+
+
+def test_the_remote_index_is_kept_in_the_cache_and_rescans_only_changed_objects(
+    s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    data = make_shards(tmp_path / "data", [3, 4, 5], kinds=("jsonl",))
+    url = s3.upload(data, bucket, "web")
+    settings = storage(s3, tmp_path)
+    assert tidal.Dataset(url, storage=settings).num_records == 12
+    (index,) = (tmp_path / "cache" / "index").glob("*.json")
+    entries = json.loads(index.read_text())["shards"]
+    assert sorted(entries) == ["part-000.jsonl", "part-001.jsonl", "part-002.jsonl"]
+    assert all(e["hash"].startswith("sha256:") and e["version"] for e in entries.values())
+    entries["part-000.jsonl"]["rows"] = 100  # trusted while size and ETag are unchanged...
+    index.write_text(json.dumps({"version": 1, "shards": entries}))
+    assert tidal.Dataset(url, storage=settings).num_records == 109
+    s3.put(bucket, "web/part-000.jsonl", b'{"id": 0, "text": "a"}\n' * 7)  # ...and recounted when it changes
+    ds = tidal.Dataset(url, storage=settings)
+    assert ds.num_records == 16 and ids(ds) == [0] * 7 + list(range(3, 12))
+
+
+def test_a_published_index_is_used_and_its_hashes_are_checked(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    data = make_shards(tmp_path / "data", [3, 4], kinds=("jsonl",))
+    url = s3.upload(data, bucket, "web")
+    tidal.Dataset(data)  # builds the local index, to be published beside the remote data
+    published = json.loads((data / ".tidal-index.json").read_text())
+    for name, e in published["shards"].items():
+        e["version"] = s3.client.head_object(Bucket=bucket, Key=f"web/{name}")["ETag"].strip('"')
+    published["shards"]["part-000.jsonl"]["hash"] = "sha256:" + "0" * 64  # not what the file holds
+    s3.put(bucket, "web/.tidal-index.json", json.dumps(published).encode())
+
+    ds = tidal.Dataset(url, storage=storage(s3, tmp_path))
+    assert [s.rows for s in ds.shards] == [3, 4]
+    assert not list((tmp_path / "cache").glob("*/*.shard"))  # counted from the published index, not downloaded
+    assert ds.shards[0].hash == "sha256:" + "0" * 64 and ds.shards[1].hash is None
+    with pytest.raises(tidal.StorageError, match=r"part-000.jsonl: the download does not match the index"):
+        list(ds)
+    bad = entry(ds.shards[0]).key
+    assert not list((tmp_path / "cache").glob(f"*/{bad}.*[dt]"))  # the bad download was never kept (.shard, .part)
+
+
+def test_a_few_columns_of_a_large_remote_parquet_file_are_read_by_range_requests(
+    s3: S3Server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recs = [{"id": i, "blob": random.Random(i).randbytes(2048)} for i in range(400)]  # incompressible
+    path = write_parquet(tmp_path / "big.parquet", recs, row_group_size=50)
+    url = f"s3://{bucket}/big.parquet"
+    s3.put(bucket, "big.parquet", path.read_bytes())
+    monkeypatch.setattr(prefetch_module, "RANGE_MIN_BYTES", 100_000)
+    size = path.stat().st_size
+    settings = storage(s3, tmp_path)
+    ds = tidal.Dataset(url, columns=["id"], storage=settings).shuffle(seed=1, block_size=100)
+    assert ds.shards[0].info["column_bytes"]["blob"] > size / 2
+    it = ds.iterator()
+    assert sorted(r["id"] for r in it) == list(range(400))
+    stats = it.stats()
+    assert 0 < stats["bytes_downloaded"] < size / 4  # only the footer and the id column came over
+    assert not list((tmp_path / "cache").glob("*/*.shard"))  # nothing was downloaded whole
+    whole = tidal.Dataset(url, storage=settings).iterator()  # every column: cheaper whole
+    assert [r["id"] for r in whole] == list(range(400)) and whole.stats()["bytes_downloaded"] >= size
+
+
+def test_stats_count_downloads_hits_and_waiting(s3: S3Server, bucket: str, data: Path, tmp_path: Path) -> None:
+    url = s3.upload(data, bucket, "web")
+    ds = tidal.Dataset(url, storage=storage(s3, tmp_path, prefetch=2))
+    clear_shards(tmp_path / "cache")
+    it = ds.iterator()
+    assert len(list(it)) == sum(SIZES)
+    s = it.stats()
+    total = sum(p.stat().st_size for p in data.iterdir() if p.is_file())
+    assert s["cache_misses"] == len(SIZES) and s["bytes_downloaded"] == total and s["requests"] >= len(SIZES)
+    assert s["io_wait_s"] >= 0 and s["retries"] == 0 and s["corrupt"] == 0
+    again = ds.iterator()
+    list(again)
+    assert again.stats()["cache_hits"] == len(SIZES) and again.stats()["bytes_downloaded"] == 0

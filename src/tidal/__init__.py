@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tidal.dataset import Dataset
+from tidal.dataset import Dataset, mix
 from tidal.errors import FormatError, RecordError, SourceError, StateError, StorageError, TidalError
 from tidal.shards import Shard
+from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
 
 if TYPE_CHECKING:
     from tidal.loader import DataLoader
 
 __all__ = [
+    "Cosine",
     "DataLoader",
     "Dataset",
     "FormatError",
+    "Linear",
+    "Piecewise",
     "RecordError",
     "Shard",
     "SourceError",
@@ -28,6 +32,7 @@ __all__ = [
     "StorageError",
     "TidalError",
     "World",
+    "mix",
 ]
 
 __version__ = "0.1.0"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,6 +19,7 @@ from tidal.formats import Errors
 from tidal.shards import Shard, index, listing
 from tidal.stages import StageIterator
 from tidal.stages.batch import BatchIterator
+from tidal.stages.mix import MixIterator, MixSpec, Schedule, spec
 from tidal.stages.read import ReadIterator, ReadPlan
 from tidal.stages.transform import FilterIterator, MapIterator
 from tidal.storage.config import Storage
@@ -101,6 +102,7 @@ class Dataset:
             storage=settings if any(is_remote(s.path) for s in shards) else None,
         )
         self._stages: tuple[_Stage, ...] = ()
+        self._mix: MixSpec | None = None
         self._resume: dict | None = None
         self._last: DatasetIterator | None = None
 
@@ -110,6 +112,7 @@ class Dataset:
         new = object.__new__(Dataset)
         new._plan = plan or self._plan
         new._stages = self._stages + ((stage,) if stage else ())
+        new._mix = self._mix
         new._resume = None
         new._last = None
         return new
@@ -117,6 +120,8 @@ class Dataset:
     def _before_batch(self, what: str) -> None:
         if any(s.kind == "batch" for s in self._stages):
             raise ValueError(f"{what}() must come before batch()")
+        if self._mix is not None and what in ("shuffle", "repeat"):
+            raise ValueError(f"{what}() applies to files: call it on the streams before mix()")
 
     def shuffle(
         self,
@@ -246,16 +251,22 @@ class Dataset:
 
     @property
     def shards(self) -> tuple[Shard, ...]:
-        return self._plan.shards
+        return tuple(s for p in self.sources().values() for s in p.shards)
 
     @property
     def num_records(self) -> int:
-        """Records in one epoch of the source, before any filter."""
-        return self._plan.total
+        """Records in one epoch of the source (of each stream, for a mixture), before any filter."""
+        return sum(p.total for p in self.sources().values())
 
     def sources(self) -> dict[str, ReadPlan]:
-        """The file sources this dataset reads, by key (``""`` for a single one)."""
-        return {"": self._plan}
+        """The file sources this dataset reads, by key: ``""`` for files, ``"name/"`` for a mixed stream."""
+        if self._mix is None:
+            return {"": self._plan}
+        return {f"{n}/{k}": p for n, d in self._mix.streams for k, p in d.sources().items()}
+
+    def _epochs_per_pass(self) -> int:
+        """Epochs one pass reads; 0 where passes do not apply (forever, or a mixture)."""
+        return 0 if self._mix is not None else self._plan.epochs or 0
 
     @property
     def batched(self) -> bool:
@@ -265,6 +276,7 @@ class Dataset:
         """A short digest of everything that decides the order; a saved state carries it."""
         p = self._plan
         desc = [
+            self._mix.describe() if self._mix is not None else None,
             [(os.path.basename(s.path), s.rows) for s in p.shards],
             p.columns,
             p.seed,
@@ -307,13 +319,16 @@ class Dataset:
         self._last = None
 
     def __repr__(self) -> str:
+        chain = "".join(f".{s.kind}({', '.join(map(str, s.desc))})" for s in self._stages)
+        if self._mix is not None:
+            return f"mix({', '.join(n for n, _ in self._mix.streams)}){chain}"
         p = self._plan
         chain = "".join(f".{s.kind}({', '.join(map(str, s.desc))})" for s in self._stages)
         shuffled = f".shuffle({p.seed})" if p.seed is not None else ""
         return f"Dataset({len(p.shards)} shards, {p.total} records){shuffled}.repeat({p.epochs}){chain}"
 
     def _build(
-        self, world: World, state: dict | None, first_epoch: int, origin: dict | None = None
+        self, world: World, state: dict | None, first_epoch: int, origin: dict | None = None, key: str = ""
     ) -> list[StageIterator]:
         """The chain of iterators, source first, each restored from its part of ``state``."""
         outputs = []  # the state of each stage's output, top first
@@ -321,11 +336,46 @@ class Dataset:
             outputs.append(state)
             if s.nested and state is not None:
                 state = state["upstream"]
-        source = (origin or {}).get("")
-        chain: list[StageIterator] = [ReadIterator(self._plan, world, state, first_epoch, source)]
+        chain: list[StageIterator]
+        if self._mix is not None:
+            chain = [MixIterator(self._mix, world, state, origin)]
+        else:
+            chain = [ReadIterator(self._plan, world, state, first_epoch, (origin or {}).get(""), key)]
         for s, out in zip(self._stages, reversed(outputs), strict=True):
             chain.append(s.build(chain[-1], out if s.nested else None))
         return chain
+
+
+def mix(
+    datasets: Mapping[str, Dataset] | Sequence[Dataset],
+    weights: Mapping[str, float] | Sequence[float] | Schedule | None = None,
+    *,
+    seed: int = 0,
+    stop: str = "first_exhausted",
+    choose: Mapping[str, int] | None = None,
+    repeat: Mapping[str, float] | None = None,
+    epoch_size: int | None = None,
+) -> Dataset:
+    """Several datasets as one stream, each record drawn from one of them.
+
+    ``datasets``: a dict of named streams, or a list (named ``"0"``, ``"1"``, ...).
+    ``weights``: relative proportions (dict or list), or a schedule over records drawn
+    (:class:`tidal.Piecewise`, :class:`tidal.Linear`, :class:`tidal.Cosine`); default equal.
+    Instead of weights, exact counts per *mixture epoch*: ``choose={"code": 10_000}``
+    (records), ``repeat={"wiki": 2.0}`` (times the stream's records; streams named in
+    neither take their records once), or weights with ``epoch_size``. ``stop``:
+    ``"first_exhausted"``, ``"all_exhausted"`` (restart ended streams until all have ended)
+    or ``"never"``. The order is a pure function of ``seed`` and the position, so it resumes
+    exactly; mixing can come before or after ``tokenize``/``pack`` in each stream, and the
+    mixture itself can be tokenized, packed and batched.
+
+    >>> mixed = tidal.mix({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3}, seed=0)
+    """
+    s = spec(datasets, weights, seed, stop, choose, repeat, epoch_size)
+    first = s.streams[0][1]
+    new = first._with()
+    new._mix, new._stages = s, ()
+    return new
 
 
 class DatasetIterator(Iterator[Any]):

@@ -182,7 +182,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return {"next_worker": 0, "workers": [None] * self._workers, "counts": {"batches": 0, "tokens": 0}}
 
     def _first_epoch(self) -> int:
-        return self._pass * (self.tidal_dataset._plan.epochs or 0)
+        return self._pass * self.tidal_dataset._epochs_per_pass()
 
     def state_dict(self) -> dict:
         """What the training loop has consumed, on every rank: small, JSON-able, topology-free.

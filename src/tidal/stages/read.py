@@ -104,7 +104,7 @@ class ReadIterator:
             )
         self.passed = 0  # positions passed since the first epoch, across restores
         if state is None:
-            self._first, self._epoch, self._offset = first_epoch, int(self._origin["epoch"]), 0
+            self._first, self._epoch, self._offset = first_epoch, max(first_epoch, int(self._origin["epoch"])), 0
         else:
             self._first, self._epoch, self._offset = (
                 int(state["first_epoch"]),

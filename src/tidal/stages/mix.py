@@ -1,0 +1,272 @@
+"""Mixing several datasets into one stream, as a pure function of (seed, reader, draw index).
+
+Each reader (rank x worker) reads its own share of every stream and draws which stream
+gives its next record: in blocks of ``BLOCK`` draws, each block drawn from
+``rng(seed, reader, block)`` with the weights the schedule gives at that point, so a resumed
+reader draws exactly what it would have. With ``counts`` (``choose``/``repeat``/
+``epoch_size``) a *mixture epoch* takes exactly that many records of each stream, in an order
+shuffled per mixture epoch.
+
+``stop``: ``"first_exhausted"`` ends the mixture when any stream ends; ``"all_exhausted"``
+restarts streams that end (their next epochs) until every stream has ended at least once;
+``"never"`` restarts them forever.
+
+Schedules are over *records drawn by all readers* (this reader's draws times the number of
+readers): a training step of a global batch of ``B`` records is ``B`` of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tidal.errors import TidalError
+from tidal.order import rng
+from tidal.stages import StageIterator
+from tidal.tables import Table, records
+from tidal.world import World
+
+if TYPE_CHECKING:
+    from tidal.dataset import Dataset
+
+BLOCK = 1024
+STOPS = ("first_exhausted", "all_exhausted", "never")
+Weights = Mapping[str, float]
+
+
+class Schedule:
+    """Weights as a function of the number of records drawn so far (over all readers)."""
+
+    def __call__(self, k: int) -> Weights:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Piecewise(Schedule):
+    """``[(0, {"web": 0.9, "code": 0.1}), (10_000, {"web": 0.5, "code": 0.5})]``: each from its step on."""
+
+    points: tuple[tuple[int, Weights], ...]
+
+    def __call__(self, k: int) -> Weights:
+        current = self.points[0][1]
+        for start, weights in self.points:
+            if k >= start:
+                current = weights
+        return current
+
+
+@dataclass(frozen=True)
+class Linear(Schedule):
+    """From ``start`` weights to ``end`` weights over ``steps`` records, then ``end``."""
+
+    start: Weights
+    end: Weights
+    steps: int
+
+    def _t(self, k: int) -> float:
+        return min(max(k / self.steps, 0.0), 1.0)
+
+    def __call__(self, k: int) -> Weights:
+        t = self._t(k)
+        return {n: (1 - t) * self.start[n] + t * self.end[n] for n in self.start}
+
+
+@dataclass(frozen=True)
+class Cosine(Linear):
+    """Like :class:`Linear`, along half a cosine: slow at both ends."""
+
+    def _t(self, k: int) -> float:
+        return (1 - math.cos(math.pi * super()._t(k))) / 2
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    streams: tuple[tuple[str, Dataset], ...]
+    weights: Schedule | tuple[float, ...] | None  # None: counts decide
+    counts: tuple[int, ...] | None  # records of each stream per mixture epoch, all readers together
+    seed: int
+    stop: str
+
+    def describe(self) -> list:
+        w = self.weights if isinstance(self.weights, (tuple, type(None))) else repr(self.weights)
+        return [[n, d.fingerprint()] for n, d in self.streams] + [w, self.counts, self.seed, self.stop]
+
+
+def spec(
+    datasets: Mapping[str, Dataset] | Sequence[Dataset],
+    weights: Mapping[str, float] | Sequence[float] | Schedule | None,
+    seed: int,
+    stop: str,
+    choose: Mapping[str, int] | None,
+    repeat: Mapping[str, float] | None,
+    epoch_size: int | None,
+) -> MixSpec:
+    from tidal.dataset import Dataset
+
+    streams = (
+        tuple(datasets.items()) if isinstance(datasets, Mapping) else tuple((str(i), d) for i, d in enumerate(datasets))
+    )
+    names = [n for n, _ in streams]
+    if not streams:
+        raise ValueError("mix() needs at least one dataset")
+    for n, d in streams:
+        if not isinstance(d, Dataset):
+            raise TypeError(f"mix(): stream {n!r} is a {type(d).__name__}, not a tidal.Dataset")
+        if d.batched:
+            raise ValueError(f"mix(): stream {n!r} is batched; mix records, then batch the mixture")
+    if stop not in STOPS:
+        raise ValueError(f"stop must be one of {', '.join(STOPS)}, not {stop!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+
+    def by_name(values: Mapping[str, Any] | Sequence[Any], what: str) -> list[Any]:
+        if isinstance(values, Mapping):
+            unknown = set(values) - set(names)
+            if unknown:
+                raise ValueError(f"mix(): {what} names unknown streams {sorted(unknown)}; streams: {names}")
+            return [values.get(n) for n in names]
+        if len(values) != len(names):
+            raise ValueError(f"mix(): {len(values)} {what} for {len(names)} streams")
+        return list(values)
+
+    counts = None
+    if choose is not None or repeat is not None:
+        if weights is not None:
+            raise ValueError("mix(): give weights, or choose/repeat, not both")
+        chosen = by_name(choose or {}, "choose")
+        repeats = by_name(repeat or {}, "repeat")
+        sizes = [d.num_records for _, d in streams]
+        counts = [
+            int(c) if c is not None else round(r * n) if r is not None else n
+            for c, r, n in zip(chosen, repeats, sizes, strict=True)
+        ]
+        return MixSpec(streams, None, tuple(counts), seed, stop)
+    if weights is None:
+        weights = [1.0] * len(names)
+    if isinstance(weights, Schedule):
+        by_name(weights(0), "weights")
+        return MixSpec(streams, weights, None, seed, stop)
+    w = [float(x if x is not None else 0.0) for x in by_name(weights, "weights")]
+    if any(x < 0 for x in w) or sum(w) <= 0:
+        raise ValueError(f"mix(): weights must be non-negative and not all zero, got {w}")
+    if epoch_size is not None:
+        total = sum(w)
+        return MixSpec(streams, None, tuple(round(epoch_size * x / total) for x in w), seed, stop)
+    return MixSpec(streams, tuple(w), None, seed, stop)
+
+
+class MixIterator:
+    """Draws each record from one of several streams; state: draws so far and each stream's position."""
+
+    def __init__(self, mix: MixSpec, world: World, state: dict | None, origin: dict | None):
+        self._mix, self._world = mix, world
+        self._names = [n for n, _ in mix.streams]
+        self._k = int(state["k"]) if state else 0
+        self._passes = dict(state["passes"]) if state else dict.fromkeys(self._names, 0)
+        self._ended = set(state["ended"]) if state else set()
+        self._empty = set(state["empty"]) if state else set()  # streams with nothing for this reader
+        self._fresh = set(state.get("fresh", [])) if state else set()  # restarted, not yet read from
+        self._origin = origin or {}
+        saved = state["streams"] if state else {}
+        self._streams = {n: self._open(n, saved.get(n)) for n in self._names}
+        self.drawn = dict.fromkeys(self._names, 0)
+        self.tokens = dict.fromkeys(self._names, 0)
+        self._order_cache: tuple[int, np.ndarray] | None = None
+
+    def _open(self, name: str, state: dict | None) -> StageIterator:
+        ds = dict(self._mix.streams)[name]
+        prefix = name + "/"
+        origin = {k[len(prefix) :]: v for k, v in self._origin.items() if k.startswith(prefix)}
+        epochs = ds._epochs_per_pass()
+        chain = ds._build(self._world, state, self._passes[name] * epochs, origin or None, prefix)
+        return chain[-1]
+
+    def _choices(self, k: int, n: int) -> np.ndarray:
+        """The streams of draws ``k .. k+n`` (fewer at a block or mixture-epoch end)."""
+        mix, reader = self._mix, self._world.consumer
+        if mix.counts is not None:
+            per_reader = [c // self._world.consumers + (reader < c % self._world.consumers) for c in mix.counts]
+            size = sum(per_reader)
+            if size == 0:
+                raise TidalError("mix(): the counts give this reader no record per mixture epoch")
+            epoch, at = divmod(k, size)
+            if self._order_cache is None or self._order_cache[0] != epoch:
+                order = np.repeat(np.arange(len(per_reader), dtype=np.int32), per_reader)
+                rng(mix.seed, 4, reader, epoch).shuffle(order)
+                self._order_cache = (epoch, order)
+            return self._order_cache[1][at : at + n]
+        block, at = divmod(k, BLOCK)
+        w = mix.weights(block * BLOCK * self._world.consumers) if isinstance(mix.weights, Schedule) else None
+        p = np.array([w[n] for n in self._names] if w is not None else mix.weights, dtype=np.float64)
+        p /= p.sum()
+        draws = rng(mix.seed, 3, reader, block).choice(len(p), size=BLOCK, p=p)
+        return draws[at : at + n]
+
+    def next(self, max_items: int) -> Table:
+        out: list[Any] = []
+        while len(out) < max_items:
+            if len(self._empty) == len(self._names):
+                break
+            choices = self._choices(self._k, max_items - len(out))
+            run = int(np.argmax(choices != choices[0])) or len(choices)  # a run of one stream
+            name = self._names[int(choices[0])]
+            if name in self._empty:
+                self._k += 1  # a draw of a stream this reader has no record of: passed over
+                continue
+            try:
+                got = records(self._streams[name].next(run))
+            except StopIteration:
+                if name in self._fresh:  # ended again before giving anything: empty for this reader
+                    self._empty.add(name)
+                    self._ended.add(name)
+                    continue
+                if not self._restart(name):
+                    break
+                continue
+            self._fresh.discard(name)
+            self._k += len(got)
+            self.drawn[name] += len(got)
+            self.tokens[name] += sum(len(r["input_ids"]) for r in got if isinstance(r, dict) and "input_ids" in r)
+            out += got
+        if not out:
+            raise StopIteration
+        return out
+
+    def _restart(self, name: str) -> bool:
+        """A stream ended: restart it (its next epochs) unless the stop rule ends the mixture."""
+        self._ended.add(name)
+        stop = self._mix.stop
+        if stop == "first_exhausted" or (stop == "all_exhausted" and self._ended >= set(self._names)):
+            return False
+        self._streams[name].close()
+        self._passes[name] += 1
+        self._streams[name] = self._open(name, None)
+        self._fresh.add(name)
+        return True
+
+    def state(self) -> dict:
+        return {
+            "k": self._k,
+            "passes": self._passes,
+            "ended": sorted(self._ended),
+            "empty": sorted(self._empty),
+            "fresh": sorted(self._fresh),
+            "streams": {n: s.state() for n, s in self._streams.items()},
+        }
+
+    def consumed(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for s in self._streams.values():
+            out.update(s.consumed())
+        return out
+
+    def stats(self) -> dict:
+        return {"records_per_stream": dict(self.drawn), "tokens_per_stream": dict(self.tokens)}
+
+    def close(self) -> None:
+        for s in self._streams.values():
+            s.close()

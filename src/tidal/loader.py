@@ -2,8 +2,11 @@
 
 Workers do not send batches one by one. Each sends *bundles* of consecutive batches (1, 2,
 4, ... up to ``MAX_BUNDLE`` of them, and at most ``MAX_BUNDLE_BYTES``), with each column of
-a bundle stacked into one tensor, which torch moves through shared memory. One message
-per bundle instead of one per batch is what keeps workers from costing throughput.
+a bundle stacked into one numpy array and each text column packed into one UTF-8 buffer
+with offsets. One message of a few large buffers per bundle, instead of one message of
+Python objects per batch, is what keeps workers from costing throughput. The buffers are
+pickled inline rather than put in torch shared memory: creating a shared-memory segment
+costs milliseconds per tensor, more than copying megabytes through the pipe.
 
 The main process yields batches round-robin over workers (worker 0, 1, ..., again 0),
 skipping workers that have finished, whatever the bundle sizes. Each batch carries its
@@ -32,18 +35,60 @@ MAX_BUNDLE_BYTES = 16 << 20
 STATE_VERSION = 2
 
 
-def _to_tensor(value: np.ndarray) -> torch.Tensor:
-    if value.dtype in (np.uint16, np.uint32):  # token ids: torch wants int64 for indexing
-        value = value.astype(np.int64)
-    return torch.from_numpy(np.ascontiguousarray(value))
+def _widen(value: np.ndarray) -> np.ndarray:
+    """Token ids as int64, which torch wants for indexing; done in the worker, not the loop."""
+    if value.dtype in (np.uint16, np.uint32):
+        return value.astype(np.int64)
+    return np.ascontiguousarray(value)
 
 
-def _convert(value: Any) -> Any:
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        return _to_tensor(value)
+def _numeric(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
+
+
+def _to_torch(value: Any) -> Any:
+    if _numeric(value):
+        return torch.from_numpy(value)
     if isinstance(value, dict):
-        return {k: _convert(v) for k, v in value.items()}
+        return {k: _to_torch(v) for k, v in value.items()}
     return value
+
+
+def _prepare(value: Any) -> Any:
+    if _numeric(value):
+        return _widen(value)
+    if isinstance(value, dict):
+        return {k: _prepare(v) for k, v in value.items()}
+    return value
+
+
+class _Strings:
+    """A text column of a whole bundle as one UTF-8 buffer and offsets: two large buffers to
+    copy instead of thousands of string objects to pickle and unpickle."""
+
+    def __init__(self, batches: list[list[str]]):
+        encoded = [t.encode() for batch in batches for t in batch]
+        self.data = b"".join(encoded)
+        self.offsets = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
+        self.starts = np.cumsum([0] + [len(b) for b in batches]).tolist()
+        self._view: memoryview | None = None
+
+    @staticmethod
+    def accepts(values: list[Any]) -> bool:
+        return all(isinstance(v, list) and all(type(t) is str for t in v) for v in values)
+
+    def __getitem__(self, j: int) -> list[str]:
+        if self._view is None:
+            self._view = memoryview(self.data)
+        view, offsets = self._view, self.offsets
+        a, b = self.starts[j], self.starts[j + 1]
+        return [str(view[offsets[i] : offsets[i + 1]], "utf-8") for i in range(a, b)]
+
+    def __getstate__(self) -> dict:
+        return {"data": self.data, "offsets": self.offsets, "starts": self.starts}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _view=None)
 
 
 class _Bundle:
@@ -57,7 +102,7 @@ class _Bundle:
         if isinstance(first, dict) and all(isinstance(i, dict) and i.keys() == first.keys() for i in items):
             self.columns = {k: self._stack([i[k] for i in items]) for k in first}
         else:
-            self.items = [_convert(i) for i in items]
+            self.items = [_prepare(i) for i in items]
 
     @staticmethod
     def _stack(values: list[Any]) -> Any:
@@ -67,36 +112,38 @@ class _Bundle:
             and v0.dtype.kind in "biuf"
             and all(isinstance(v, np.ndarray) and v.shape == v0.shape and v.dtype == v0.dtype for v in values)
         ):
-            return _to_tensor(np.stack(values))
-        return [_convert(v) for v in values]
+            return _widen(np.stack(values))
+        if _Strings.accepts(values):
+            return _Strings(values)
+        return [_prepare(v) for v in values]
 
     def __len__(self) -> int:
         return len(self.states)
 
     def item(self, j: int) -> Any:
+        """Batch ``j``, numeric columns as tensors (views of the bundle's arrays)."""
         if self.columns is not None:
-            return {k: col[j] for k, col in self.columns.items()}
+            return {
+                k: torch.from_numpy(col[j]) if _numeric(col) else _to_torch(col[j]) for k, col in self.columns.items()
+            }
         assert self.items is not None
-        return self.items[j]
+        return _to_torch(self.items[j])
 
     def pin_memory(self) -> _Bundle:  # called by torch when pin_memory=True
         new = object.__new__(_Bundle)
         new.__dict__.update(self.__dict__)
         if self.columns is not None:
-            new.columns = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in self.columns.items()}
+            new.columns = {
+                k: torch.from_numpy(v).pin_memory().numpy() if _numeric(v) else v for k, v in self.columns.items()
+            }
         return new
 
 
 def _nbytes(item: Any) -> int:
+    """Bytes of an item's arrays: what bounds a bundle of token batches (text stays small)."""
     if isinstance(item, dict):
-        return sum(_nbytes(v) for v in item.values())
-    if isinstance(item, np.ndarray):
-        return item.nbytes
-    if isinstance(item, (list, tuple)):
-        return sum(_nbytes(v) for v in item[:4]) * len(item) // max(1, min(4, len(item)))
-    if isinstance(item, (str, bytes)):
-        return len(item)
-    return 8
+        return sum(v.nbytes for v in item.values() if isinstance(v, np.ndarray))
+    return 0
 
 
 class _WorkerStream(torch.utils.data.IterableDataset):

@@ -26,7 +26,8 @@ class JsonlReader:
         records: list[Any] = []
         valid: np.ndarray | None = None
         columns = self._columns
-        for i, (line, data) in enumerate(self._lines.read_lines(start, stop)):
+        rows, lines = self._lines.read_rows(start, stop)
+        for i, data in enumerate(rows):
             try:
                 rec = loads(data)
                 if not isinstance(rec, dict):
@@ -38,7 +39,7 @@ class JsonlReader:
                     rec = {c: rec[c] for c in columns}
             except (JSONDecodeError, ValueError) as exc:
                 if self._errors == "raise":
-                    raise RecordError(f"malformed JSON record: {exc}", path=self._path, line=line) from None
+                    raise RecordError(f"malformed JSON record: {exc}", path=self._path, line=lines[i]) from None
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
                 valid[i] = False

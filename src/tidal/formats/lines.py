@@ -68,7 +68,10 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
 
 
 class LineReader:
-    """Reads rows ``[start, stop)`` as ``(line number, bytes)``; cheap when called in order."""
+    """Reads rows ``[start, stop)`` as bytes with their line numbers; cheap when called in order.
+
+    Works a piece of ``_PIECE`` bytes at a time with ``bytes.split``, not line by line.
+    """
 
     def __init__(self, path: str, compression: str | None, info: dict):
         self.path = path
@@ -76,45 +79,71 @@ class LineReader:
         self._compression = compression
         self._checkpoints = info.get("checkpoints", [])
         self._file: IO[bytes] | None = None
-        self._lines: Iterator[tuple[int, int, bytes]] | None = None
-        self._row = 0
+        self._row = 0  # the row number of self._rows[self._at]
+        self._rows: list[bytes] = []  # the current piece's rows
+        self._index: list[int] = []  # their positions among the piece's lines
+        self._base = 0  # the line number before the current piece's first line
+        self._next_base = 0
+        self._at = 0
+        self._carry = b""
 
-    def _seek(self, row: int) -> None:
-        if (
-            self._file is not None
-            and self._row <= row
-            and (self._compression is not None or row - self._row <= CHECKPOINT_ROWS)
-        ):
-            return  # reading on from here is no dearer than a fresh seek
+    def _open_at(self, row: int) -> None:
         self.close()
         self._file = open_binary(self._source, self._compression)
-        offset = line = self._row = 0
+        self._row = line = 0
         if self._compression is None and self._checkpoints:
             k = min(row // CHECKPOINT_ROWS, len(self._checkpoints) - 1)
             self._row, offset, line = self._checkpoints[k]
             self._file.seek(offset)
-        self._lines = _iter_lines(self._file, offset, line)
+        self._rows, self._index, self._at, self._carry = [], [], 0, b""
+        self._next_base = line
 
-    def read_lines(self, start: int, stop: int) -> list[tuple[int, bytes]]:
+    def _refill(self) -> bool:
+        assert self._file is not None
+        data = self._file.read(_PIECE)
+        if data:
+            parts = (self._carry + data).split(b"\n")
+            self._carry = parts.pop()
+        elif self._carry:
+            parts, self._carry = [self._carry], b""
+        else:
+            return False
+        index = [i for i, p in enumerate(parts) if p and p != b"\r"]
+        rows = [parts[i] for i in index]
+        if any(r.endswith(b"\r") for r in rows):
+            rows = [r[:-1] if r.endswith(b"\r") else r for r in rows]
+        self._rows, self._index, self._at = rows, index, 0
+        self._base, self._next_base = self._next_base, self._next_base + len(parts)
+        return True
+
+    def read_rows(self, start: int, stop: int) -> tuple[list[bytes], list[int]]:
+        """The rows and their 1-based line numbers."""
         if stop <= start:
-            return []
-        self._seek(start)
-        assert self._lines is not None
-        out = []
-        for _, line, data in self._lines:
-            row = self._row
-            self._row += 1
-            if row >= start:
-                out.append((line, data))
-                if self._row >= stop:
-                    break
-        if len(out) != stop - start:
-            raise TidalError(
-                f"{self.path}: ended after {self._row} records, expected {stop}; was it changed after indexing?"
-            )
-        return out
+            return [], []
+        far = self._compression is None and start - self._row > CHECKPOINT_ROWS
+        if self._file is None or start < self._row or far:
+            self._open_at(start)
+        rows: list[bytes] = []
+        lines: list[int] = []
+        while self._row < stop:
+            if self._at >= len(self._rows) and not self._refill():
+                raise TidalError(
+                    f"{self.path}: ended after {self._row} records, expected {stop}; was it changed after indexing?"
+                )
+            available = len(self._rows) - self._at
+            skip = min(max(start - self._row, 0), available)
+            self._at += skip
+            self._row += skip
+            take = min(stop - self._row, len(self._rows) - self._at)
+            if take > 0:
+                a, z = self._at, self._at + take
+                rows += self._rows[a:z]
+                base = self._base + 1
+                lines += [base + i for i in self._index[a:z]]
+                self._at, self._row = z, self._row + take
+        return rows, lines
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        self._file = self._lines = None
+        self._file = None

@@ -23,19 +23,19 @@ class TextReader:
         self._errors = errors
 
     def read(self, start: int, stop: int) -> Piece:
-        lines = self._lines.read_lines(start, stop)
+        rows, lines = self._lines.read_rows(start, stop)
         try:
-            return Piece([{"text": data.decode()} for _, data in lines])
+            return Piece([{"text": data.decode()} for data in rows])
         except UnicodeDecodeError:
             pass  # find the bad lines one by one
         records: list[Any] = []
-        valid = np.ones(len(lines), dtype=bool)
-        for i, (line, data) in enumerate(lines):
+        valid = np.ones(len(rows), dtype=bool)
+        for i, data in enumerate(rows):
             try:
                 records.append({"text": data.decode()})
             except UnicodeDecodeError as exc:
                 if self._errors == "raise":
-                    raise RecordError(f"not UTF-8 text: {exc}", path=self._path, line=line) from None
+                    raise RecordError(f"not UTF-8 text: {exc}", path=self._path, line=lines[i]) from None
                 valid[i] = False
         return Piece(records, valid)
 

@@ -60,6 +60,9 @@ class ParquetReader:
         self._columns = columns
         self._errors = errors
         self._starts = np.concatenate([[0], np.cumsum(info["row_groups"])]).astype(np.int64)
+        # The decoded row group the last read ended in: the next slice of this file (the next
+        # block of its group) usually starts there. Dropped once read to its end, so memory
+        # holds one row group per file of the block being read, not per open file.
         self._cached: tuple[int, pa.Table | None] = (-1, None)
 
     def _group(self, g: int) -> pa.Table | None:
@@ -94,6 +97,8 @@ class ParquetReader:
             else:
                 parts.append(table.slice(pos - g_start, end - pos))
             pos, g = end, g + 1
+        if self._cached[0] >= 0 and stop >= self._starts[self._cached[0] + 1]:
+            self._cached = (-1, None)  # read to its end: in epoch order no slice comes back to it
         if not parts:
             schema = self._file.schema_arrow
             parts = [schema.empty_table().select(self._columns or schema.names)]

@@ -10,7 +10,8 @@ kinds taken in turn from ``kinds``:
   the connection is closed;
 - ``truncate``: the real response, its ``Content-Length`` intact, but only half its body.
 
-The rest are forwarded as they are. Faults follow a count, not chance, so a retried
+With ``only`` (a predicate of method, target and headers), only the requests it accepts
+are counted and broken. The rest are forwarded as they are. Faults follow a count, not chance, so a retried
 request always gets through and every test run sees the same faults. Everything is bounded:
 each connection's loop ends when either side closes it, a stall ends at ``stall_s`` or at
 ``stop()``, and ``stop()`` closes every connection.
@@ -29,6 +30,7 @@ import socketserver
 import struct
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 KINDS = ("reset", "503", "429", "stall", "truncate")
@@ -63,7 +65,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 if request is None:
                     return
                 method, target, headers, body = request
-                fault = proxy._next_fault(method)
+                fault = proxy._next_fault(method, target, headers)
                 if fault == "reset":
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     rfile.close()
@@ -136,7 +138,7 @@ class FaultProxy:
     """A proxy on ``127.0.0.1:<free port>`` to ``upstream`` that breaks every ``every``-th request.
 
     ``every=0`` forwards everything. ``faults`` counts the faults injected by kind,
-    ``requests`` every request seen.
+    ``requests`` the requests counted (every one, or those ``only`` accepts).
     """
 
     def __init__(
@@ -145,11 +147,12 @@ class FaultProxy:
         every: int = 10,
         kinds: tuple[str, ...] = KINDS,
         stall_s: float = 3.0,
+        only: Callable[[str, str, list[tuple[str, str]]], bool] | None = None,
     ):
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown faults: {unknown}")
-        self.upstream, self.every, self.kinds, self.stall_s = upstream, every, kinds, stall_s
+        self.upstream, self.every, self.kinds, self.stall_s, self.only = upstream, every, kinds, stall_s, only
         self.faults: Counter[str] = Counter()
         self.requests = 0
         self._lock = threading.Lock()
@@ -162,7 +165,9 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
-    def _next_fault(self, method: str) -> str | None:
+    def _next_fault(self, method: str, target: str, headers: list[tuple[str, str]]) -> str | None:
+        if self.only is not None and not self.only(method, target, headers):
+            return None
         with self._lock:
             self.requests += 1
             n = self.requests

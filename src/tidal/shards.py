@@ -198,6 +198,7 @@ def _index_remote(
                     scanned = pool.map(lambda u: _scan_remote(u, format, stats[u], fetcher), todo)
                     for u, entry in zip(todo, scanned, strict=True):
                         entries[_key(u, root, format)] = entry
+                fetcher.cache.make_room(len(json.dumps(entries)) + 8192)  # the index lives in the cache: count it
                 _save(where, entries)
     finally:
         fetcher.close()

@@ -19,11 +19,12 @@ All locks are ``flock`` locks: the kernel drops them when their process dies, so
 one holds; the next reservation removes it. Nothing is ever read from a ``.part``.
 
 Space: before a download starts, ``<root>/cache.lock`` is taken, the directory is
-scanned (its real disk usage: what ``du`` says), least recently used entries that no one
-holds are evicted until the new file fits under the limit, and the ``.part`` is
-preallocated to its full size, all under that lock. So the sum of what every process has
-on disk, finished or in progress, stays under the limit. Recency is the mtime of
-``k.meta``, touched on every use.
+scanned (its real disk usage: what ``du`` says, a ``.part`` counted with the meta file it
+will have), least recently used entries that no one holds are evicted until the new file
+fits under the limit, and the ``.part`` is preallocated to its full size, all under that
+lock. So the sum of what every process has on disk, finished or in progress, stays under
+the limit. Recency is the mtime of ``k.meta``, touched on every use. The indexes of remote
+datasets (``<root>/index/``) count too; room is made for them before they are written.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ Fill = Callable[[Path, str], str]
 class Handle:
     """A cached file held open for use: it cannot be evicted until :meth:`release`."""
 
-    def __init__(self, path: Path, fd: int, digest: str | None):
+    def __init__(self, path: Path, fd: int, digest: str | None, fresh: bool = False):
         self.path, self._fd, self.digest = path, fd, digest
+        self.fresh = fresh  # not in the cache when asked for: downloaded by us, or by another process meanwhile
 
     def release(self) -> None:
         if self._fd >= 0:
@@ -159,7 +161,6 @@ class Cache:
         if meta is None:
             os.close(fd)
             return None
-        self.stats.add(cache_hits=1)
         return Handle(f.shard, fd, meta.get("hash"))
 
     def acquire(self, entry: Entry, fill: Fill, *, wait: float = 300.0) -> Handle | None:
@@ -181,20 +182,18 @@ class Cache:
         try:
             meta = self._valid(f, entry)
             if meta is not None:
-                self.stats.add(cache_hits=1)
                 return Handle(f.shard, use, meta.get("hash"))
-            self.stats.add(cache_misses=1)
             fetch = _lock(f.fetch, fcntl.LOCK_EX)  # another process may be filling it: wait
             assert fetch is not None
             try:
                 meta = self._valid(f, entry)
                 if meta is not None:  # it was: done once, by them
-                    return Handle(f.shard, use, meta.get("hash"))
+                    return Handle(f.shard, use, meta.get("hash"), fresh=True)
                 digest = self._fill(f, entry, fill, wait)
                 if digest is None:
                     os.close(use)
                     return None
-                return Handle(f.shard, use, digest)
+                return Handle(f.shard, use, digest, fresh=True)
             finally:
                 os.close(fetch)
         except BaseException:
@@ -318,6 +317,17 @@ class Cache:
         finally:
             os.close(fd)
 
+    def make_room(self, nbytes: int) -> None:
+        """Evict what no one holds until ``nbytes`` more fit under the limit, as far as that goes.
+
+        For files that are not entries but live in the cache directory (the index)."""
+        held = _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX)
+        assert held is not None
+        try:
+            self._make_room(nbytes, keep="")
+        finally:
+            os.close(held)
+
     def usage(self) -> int:
         """Bytes the cache takes on disk now, finished and in progress (what ``du`` counts)."""
         return sum(e[1] for e in self._scan().values()) + self._fixed()
@@ -351,8 +361,8 @@ class Cache:
                 used, size, complete = out.get(key, (0.0, 0, False))
                 if kind == "meta":
                     used, complete = st.st_mtime, True
-                elif kind == "part":
-                    used = max(used, st.st_mtime)
+                elif kind == "part":  # a download in progress: its meta file is still to come
+                    used, size = max(used, st.st_mtime), size + _META_SLACK
                 out[key] = (used, size + _usage(st), complete)
         return out
 

@@ -1,12 +1,15 @@
 """One reader's remote shards: fetched ahead in background threads, held while in use.
 
 The read stage knows its future exactly: the epoch order says which shards the next blocks
-read. It tells the :class:`Prefetcher` (``ahead``), which downloads up to
-``Storage.prefetch`` of them in background threads, each into the shared cache, each held
-(so not evicted) until the reader opens it or no longer needs it. When the reader opens a
-shard (``open``) it is usually already on disk; the time it waits when it is not is
-counted as ``io_wait_s``. A prefetch never waits for room in the cache: when the cache is
-full of shards in use, it leaves the shard to be fetched when needed.
+read. It tells the :class:`Prefetcher` (``ahead``), which downloads those of them that are
+not in the cache yet, up to ``Storage.prefetch`` beyond the current block, in background
+threads. When the reader opens a shard (``open``) it is usually on disk already; the time
+it waits when it is not is counted as ``io_wait_s``.
+
+Only shards that a reader has open are *held* (cannot be evicted). A shard fetched ahead is
+merely the most recently used one in the cache: were it held too, readers of other
+processes could fill the cache with shards they do not read yet and leave none of them
+room for the shard they need now. For the same reason a prefetch never waits for room.
 
 Large Parquet shards of which the reader wants only a small share (a few columns) are not
 downloaded but read in place through byte ranges (:class:`tidal.storage.fetch.RangeFile`).
@@ -66,9 +69,8 @@ class Prefetcher:
         self.stats = stats if stats is not None else Stats()
         self._fetcher = Fetcher(storage, self.stats)
         self._lock = threading.Lock()
-        self._pending: dict[int, Future[Handle | None]] = {}
-        self._held: dict[int, Handle] = {}  # fetched ahead or open
-        self._open: set[int] = set()
+        self._pending: dict[int, Future[bool]] = {}  # fetches ahead, running or queued
+        self._held: dict[int, Handle] = {}  # shards the reader has open
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -76,39 +78,37 @@ class Prefetcher:
         return is_remote(self._shards[index].path)
 
     def open(self, index: int) -> str | Callable[[], RangeFile]:
-        """Where the reader finds shard ``index``: a held local path, or an opener of ranged reads."""
+        """Where the reader finds shard ``index``: a held local path, or an opener of ranged reads.
+
+        Held until :meth:`release`."""
         shard = self._shards[index]
-        handle = None
         if wants_ranges(shard, self._columns):
             handle = self._fetcher.lookup(entry(shard))  # a whole copy already here is cheaper still
             if handle is None:
-                with self._lock:
-                    self._open.add(index)
                 return lambda: self._fetcher.range_file(shard.path, shard.bytes)
+            self.stats.add(cache_hits=1)
         else:
             handle = self._take(index)
         with self._lock:
             old = self._held.pop(index, None)
             self._held[index] = handle
-            self._open.add(index)
-        if old is not None and old is not handle:
+        if old is not None:
             old.release()
         return str(handle.path)
 
     def _take(self, index: int) -> Handle:
-        """The held handle of shard ``index``, waiting for its prefetch or fetching it now."""
+        """Shard ``index``, held: after its fetch ahead, if one runs, else fetched now."""
         with self._lock:
-            handle = self._held.get(index)
-            future = self._pending.pop(index, None)  # ours now: ahead() and close() no longer see it
-        if handle is not None:
-            return handle
+            future = self._pending.pop(index, None)
         t0 = time.monotonic()
         try:
-            if future is not None and not future.cancel():  # started: wait for it; else fetch it here
-                handle = future.result()
-            if handle is None:  # not prefetched, or no room for it then
-                handle = self._fetcher.acquire(entry(self._shards[index]))
+            fresh = False
+            if future is not None and not future.cancel():  # started: let it finish
+                fresh = future.result()  # its error, if it failed, is the reader's
+            handle = self._fetcher.acquire(entry(self._shards[index]))
             assert handle is not None
+            fresh |= handle.fresh
+            self.stats.add(cache_misses=int(fresh), cache_hits=int(not fresh))
             return handle
         finally:
             self.stats.add(io_wait_s=time.monotonic() - t0)
@@ -116,7 +116,6 @@ class Prefetcher:
     def release(self, index: int) -> None:
         """The reader of shard ``index`` is closed: the shard may be evicted again."""
         with self._lock:
-            self._open.discard(index)
             handle = self._held.pop(index, None)
         if handle is not None:
             handle.release()
@@ -127,8 +126,8 @@ class Prefetcher:
 
     def ahead(self, now: Iterable[int], later: Iterable[int]) -> None:
         """Fetch in the background the shards the reader opens ``now`` and the next
-        ``Storage.prefetch`` distinct ones of ``later`` (in order), and let go of shards
-        fetched ahead that are no longer among them."""
+        ``Storage.prefetch`` distinct ones of ``later`` (in order); drop queued fetches of
+        shards no longer among them."""
         wanted: list[int] = []
         for i in now:
             if i not in wanted and self._fetches_whole(i):
@@ -140,26 +139,25 @@ class Prefetcher:
             if i not in wanted and self._fetches_whole(i):
                 wanted.append(i)
                 budget -= 1
-        keep = set(wanted)
-        drop: list[Handle] = []
         with self._lock:
             if self._closed:
                 return
-            for i in [i for i in self._held if i not in keep and i not in self._open]:
-                drop.append(self._held.pop(i))
-            for i in [i for i in self._pending if i not in keep]:
-                _drop(self._pending.pop(i))
+            for i in [i for i in self._pending if i not in wanted]:
+                self._pending.pop(i).cancel()  # not needed soon after all; if it runs, let it finish
             for i in wanted:
                 if i not in self._held and i not in self._pending:
                     self._pending[i] = self._executor().submit(self._prefetch, i)
-        for h in drop:
-            h.release()
 
     def _fetches_whole(self, index: int) -> bool:
         return self.is_remote(index) and not wants_ranges(self._shards[index], self._columns)
 
-    def _prefetch(self, index: int) -> Handle | None:
-        return self._fetcher.acquire(entry(self._shards[index]), wait=0)
+    def _prefetch(self, index: int) -> bool:
+        """Fetch shard ``index`` into the cache; whether it was not there yet."""
+        handle = self._fetcher.acquire(entry(self._shards[index]), wait=0)
+        if handle is None:
+            return False
+        handle.release()  # in the cache, most recently used; held once the reader opens it
+        return handle.fresh
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -175,25 +173,11 @@ class Prefetcher:
             self._pending.clear()
             held = list(self._held.values())
             self._held.clear()
-            self._open.clear()
         for fut in pending:
-            _drop(fut)
+            fut.cancel()
         for h in held:
             h.release()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         self._fetcher.close()
-
-
-def _drop(future: Future[Handle | None]) -> None:
-    """Cancel a prefetch, or release what it fetches once it is done."""
-    if not future.cancel():
-        future.add_done_callback(_release_result)
-
-
-def _release_result(future: Future[Handle | None]) -> None:
-    if not future.cancelled() and future.exception() is None:
-        handle = future.result()
-        if handle is not None:
-            handle.release()

@@ -8,8 +8,8 @@ FIELDS = (
     "bytes_downloaded",  # bytes that came over the network: whole shards, parts, ranges
     "requests",  # requests that returned data
     "retries",  # requests tried again after a transient error
-    "cache_hits",  # shards found complete in the local cache
-    "cache_misses",  # shards that had to be downloaded (by this process or another one)
+    "cache_hits",  # shards the reader opened that were in the local cache before it asked
+    "cache_misses",  # shards the reader opened that had to be downloaded first (here or by another process)
     "evictions",  # shards this process removed from the cache to make room
     "corrupt",  # downloads or cached files rejected by a size or hash check
     "io_wait_s",  # seconds the reader waited for a shard or a remote range

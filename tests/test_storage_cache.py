@@ -1,0 +1,211 @@
+"""The shard cache on its own: LRU under a limit, held entries, checks, locks that die with their process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tidal.errors import StorageError
+from tidal.storage.cache import Cache, Entry
+from tidal.storage.stats import Stats
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def content(name: str, size: int) -> bytes:
+    return hashlib.sha256(name.encode()).digest() * (size // 32) + b"x" * (size % 32)
+
+
+def filler(data: bytes, calls: list[str] | None = None):
+    def fill(path: Path, algorithm: str) -> str:
+        if calls is not None:
+            calls.append(str(path))
+        path.write_bytes(data)
+        return f"{algorithm}:{hashlib.new(algorithm, data).hexdigest()}"
+
+    return fill
+
+
+def entry(name: str, size: int, **kw: object) -> Entry:
+    return Entry(f"s3://bucket/{name}", size, "v1", **kw)  # type: ignore[arg-type]
+
+
+def disk_usage(root: Path) -> int:
+    """What ``du`` counts, measured independently of the cache's own accounting."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+
+
+def test_a_file_is_filled_once_then_found(tmp_path: Path) -> None:
+    stats = Stats()
+    cache = Cache(tmp_path, 10**6, stats)
+    calls: list[str] = []
+    e = entry("a.jsonl", 1000)
+    with cache.acquire(e, filler(content("a", 1000), calls)) as h:
+        assert h.path.read_bytes() == content("a", 1000) and h.fresh
+        assert h.digest == "sha256:" + hashlib.sha256(content("a", 1000)).hexdigest()
+    with cache.acquire(e, filler(b"never", calls)) as h:
+        assert h.path.read_bytes() == content("a", 1000) and not h.fresh
+    assert len(calls) == 1 and calls[0].endswith(".part")  # written beside, renamed into place
+    assert not list(tmp_path.glob("*/*.part"))
+    # another version of the same URL is another entry
+    with cache.acquire(Entry(e.url, 1000, "v2"), filler(content("b", 1000), calls)) as h:
+        assert h.path.read_bytes() == content("b", 1000)
+
+
+def test_least_recently_used_files_are_evicted_to_stay_under_the_limit_never_one_held(tmp_path: Path) -> None:
+    stats = Stats()
+    cache = Cache(tmp_path, 5 * 8192 + 5 * 4096, stats)  # five 8 KB files and their meta files
+    held = cache.acquire(entry("held", 8000), filler(content("held", 8000)))
+    assert held is not None
+    for i in range(12):
+        with cache.acquire(entry(f"f{i}", 8000), filler(content(f"f{i}", 8000))):
+            assert disk_usage(tmp_path) <= cache.limit
+        if i == 3:
+            time.sleep(0.02)
+            with cache.acquire(entry("f1", 8000), filler(b"")):  # f1 used again: recent
+                pass
+    assert held.path.read_bytes() == content("held", 8000)  # the oldest, but held: kept
+    assert cache.lookup(entry("f11", 8000)) is not None  # the newest are kept...
+    assert cache.lookup(entry("f0", 8000)) is None  # ...the oldest evicted
+    assert stats.dict()["evictions"] >= 7
+    held.release()
+    assert cache.usage() == disk_usage(tmp_path) <= cache.limit
+
+
+def test_a_file_larger_than_the_limit_is_refused_and_prefetches_never_wait_for_room(tmp_path: Path) -> None:
+    cache = Cache(tmp_path, 20_000)
+    with pytest.raises(StorageError, match="do not fit in the cache_limit"):
+        cache.acquire(entry("big", 30_000), filler(b""))
+    held = cache.acquire(entry("a", 12_000), filler(content("a", 12_000)))
+    assert cache.acquire(entry("b", 8_000), filler(content("b", 8_000)), wait=0) is None  # no room: not now
+    with pytest.raises(StorageError, match="no room in the shard cache"):
+        cache.acquire(entry("b", 8_000), filler(content("b", 8_000)), wait=0.3)
+    assert held is not None
+    held.release()
+    with cache.acquire(entry("b", 8_000), filler(content("b", 8_000)), wait=0) as h:
+        assert h is not None
+
+
+def test_a_download_of_the_wrong_size_or_hash_is_never_kept(tmp_path: Path) -> None:
+    stats = Stats()
+    cache = Cache(tmp_path, 10**6, stats)
+    with pytest.raises(StorageError, match=r"s3://bucket/a.jsonl: the download does not match.*tried 3 times"):
+        cache.acquire(entry("a.jsonl", 1000), filler(content("a", 999)))
+    good = content("a", 1000)
+    wrong = "sha256:" + "0" * 64
+    with pytest.raises(StorageError, match="expected sha256:000"):
+        cache.acquire(entry("a.jsonl", 1000, hash=wrong), filler(good))
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".shard", ".part", ".meta")]
+    assert stats.dict()["corrupt"] == 6
+    right = "sha256:" + hashlib.sha256(good).hexdigest()
+    with cache.acquire(entry("a.jsonl", 1000, hash=right), filler(good)) as h:
+        assert h.path.read_bytes() == good
+
+
+def test_a_cached_file_altered_on_disk_is_detected_and_fetched_again(tmp_path: Path) -> None:
+    good = content("a", 4000)
+    e = entry("a.jsonl", 4000)
+    calls: list[str] = []
+    with Cache(tmp_path, 10**6).acquire(e, filler(good, calls)) as h:
+        path = h.path
+    # changed in place (same size): its mtime gives it away
+    with open(path, "r+b") as f:
+        f.write(b"garbage")
+    stats = Stats()
+    with Cache(tmp_path, 10**6, stats).acquire(e, filler(good, calls)) as h:
+        assert h.path.read_bytes() == good
+    assert len(calls) == 2 and stats.dict()["corrupt"] == 1
+    # a bit flipped under a preserved mtime: only a hash check sees it
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with Cache(tmp_path, 10**6).acquire(e, filler(good, calls)) as h:
+        assert h.path.read_bytes() != good  # stat checks only: not noticed
+    with Cache(tmp_path, 10**6, verify=True).acquire(e, filler(good, calls)) as h:
+        assert h.path.read_bytes() == good
+    assert len(calls) == 3
+
+
+HANG = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {src!r})
+from tidal.storage.cache import Cache, Entry
+
+def fill(path, algorithm):
+    with open(path, "r+b") as f:
+        f.write(b"half" * 1000)
+        f.flush()
+        Path({ready!r}).write_text("downloading")
+        time.sleep(60)
+    raise AssertionError("killed before this")
+
+Cache(Path({root!r}), 10**6).acquire(Entry("s3://bucket/a", 8000, "v1"), fill)
+"""
+
+
+def test_kill_9_in_the_middle_of_a_download_leaves_no_shard_and_no_lock_that_blocks(tmp_path: Path) -> None:
+    root, ready = tmp_path / "cache", tmp_path / "ready"
+    code = HANG.format(src=SRC, ready=str(ready), root=str(root))
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.02)
+        assert ready.exists(), "the child never started its download"
+        cache = Cache(root, 10**6)
+        assert cache.lookup(Entry("s3://bucket/a", 8000, "v1")) is None  # in progress: nothing to read
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    assert list(root.glob("*/*.part")) and not list(root.glob("*/*.shard"))  # half a file, never a shard
+    t0 = time.monotonic()
+    good = content("a", 8000)
+    with cache.acquire(Entry("s3://bucket/a", 8000, "v1"), filler(good)) as h:
+        assert h.path.read_bytes() == good
+    assert time.monotonic() - t0 < 2  # no lock of the dead process to wait for
+    assert not list(root.glob("*/*.part"))
+    # a stale .part of another entry goes at the next reservation
+    stale = root / "ab" / ("ab" + "0" * 38 + ".part")
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"x" * 5000)
+    with cache.acquire(Entry("s3://bucket/b", 100, "v1"), filler(content("b", 100))):
+        pass
+    assert not stale.exists()
+
+
+ONCE = """
+import sys, time, hashlib
+from pathlib import Path
+sys.path.insert(0, {src!r})
+from tidal.storage.cache import Cache, Entry
+
+def fill(path, algorithm):
+    with open({log!r}, "a") as log:
+        log.write("fill\\n")
+    time.sleep(0.5)
+    data = b"z" * 5000
+    path.write_bytes(data)
+    return algorithm + ":" + hashlib.new(algorithm, data).hexdigest()
+
+with Cache(Path({root!r}), 10**6).acquire(Entry("s3://bucket/a", 5000, "v1"), fill) as h:
+    assert h.path.read_bytes() == b"z" * 5000
+"""
+
+
+@pytest.mark.slow
+def test_four_processes_that_want_the_same_file_download_it_once(tmp_path: Path) -> None:
+    log = tmp_path / "fills.log"
+    code = ONCE.format(src=SRC, log=str(log), root=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
+    assert [p.wait(60) for p in procs] == [0] * 4
+    assert log.read_text() == "fill\n"

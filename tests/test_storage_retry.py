@@ -1,0 +1,126 @@
+"""Which errors are retried, how long between tries, and what the final error says."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tidal.errors import StorageError
+from tidal.storage import Retry, Storage, parse_size
+from tidal.storage.retry import Truncated, call, redact, transient
+from tidal.storage.stats import Stats
+
+
+class ClientError(Exception):
+    """Shaped like botocore's: a response dict with an error code and an HTTP status."""
+
+    def __init__(self, code: str, status: int):
+        super().__init__(f"An error occurred ({code}) when calling the GetObject operation")
+        self.response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+class ClientPayloadError(Exception):
+    """Named like aiohttp's: a body cut short."""
+
+
+def wrapped(inner: BaseException, outer: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException as e:
+            raise outer from e
+    except BaseException as e:
+        return e
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionResetError(104, "Connection reset by peer"),
+        TimeoutError(),
+        Truncated("got 10 bytes of 20"),
+        ClientPayloadError("Response payload is not completed"),
+        ClientError("SlowDown", 503),
+        ClientError("Throttling", 400),
+        ClientError("TooManyRequests", 429),
+        ClientError("InternalError", 500),
+        wrapped(ClientError("SlowDown", 503), OSError(16, "Please reduce your request rate")),
+        Exception("Server returned non-2xx status code: 503 Service Unavailable"),
+        Exception("HTTP error: request or response body error"),
+    ],
+)
+def test_transient_errors_are_retried(exc: BaseException) -> None:
+    assert transient(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        FileNotFoundError("s3://b/k"),
+        PermissionError("denied"),
+        ClientError("NoSuchKey", 404),
+        ClientError("AccessDenied", 403),
+        wrapped(ClientError("NoSuchKey", 404), FileNotFoundError("b/k")),
+        ValueError("bad argument"),
+    ],
+)
+def test_permanent_errors_are_not(exc: BaseException) -> None:
+    assert not transient(exc)
+
+
+def test_backoff_grows_exponentially_with_full_jitter_and_a_cap() -> None:
+    r, rng = Retry(attempts=10, backoff=0.5, max_backoff=4.0), random.Random(0)
+    for attempt in range(10):
+        waits = [r.delay(attempt, rng) for _ in range(300)]
+        cap = min(4.0, 0.5 * 2**attempt)
+        assert min(waits) >= 0 and max(waits) <= cap
+        assert max(waits) > 0.8 * cap and min(waits) < 0.2 * cap  # jitter spreads over the whole range
+
+
+def test_call_retries_then_names_the_url_attempts_and_last_error() -> None:
+    stats, tries = Stats(), []
+
+    def flaky() -> bytes:
+        tries.append(1)
+        if len(tries) < 3:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return b"ok"
+
+    fast = Retry(attempts=4, backoff=0.001)
+    assert call(flaky, url="s3://b/k", what="GET", retry=fast, stats=stats) == b"ok"
+    assert stats.dict()["retries"] == 2
+
+    def down() -> bytes:
+        raise ClientError("SlowDown", 503)
+
+    with pytest.raises(StorageError) as err:
+        call(down, url="s3://b/k", what="GET bytes 0-10", retry=fast, stats=stats)
+    assert str(err.value).startswith("s3://b/k: GET bytes 0-10 failed 4 times in ")
+    assert "SlowDown" in str(err.value) and err.value.attempts == 4
+    with pytest.raises(StorageError, match=r"s3://b/k: GET failed: .*NoSuchKey") as err:
+        call(lambda: (_ for _ in ()).throw(ClientError("NoSuchKey", 404)), url="s3://b/k", what="GET", retry=fast)
+    assert err.value.attempts == 1  # not retried
+
+
+def test_errors_never_show_credentials() -> None:
+    text = (
+        "GET https://user:hunter2@host/b/k?X-Amz-Signature=abc123&X-Amz-Credential=AKIA failed; "
+        "secret_access_key='wJalrXUtnFEMI' token=FwoGZXIvYXdz"
+    )
+    clean = redact(text)
+    for secret in ("hunter2", "abc123", "AKIA", "wJalrXUtnFEMI", "FwoGZXIvYXdz"):
+        assert secret not in clean
+    assert "https://host/b/k" in clean
+    settings = Storage(options={"key": "AKIA", "secret": "wJalrXUtnFEMI"})
+    assert "wJalrXUtnFEMI" not in repr(settings) and "AKIA" not in repr(settings)
+
+
+def test_sizes_are_read_as_people_write_them() -> None:
+    assert parse_size("50GB") == 50 * 10**9
+    assert parse_size("1.5 TB") == 1_500_000_000_000
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size(1234) == 1234
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("lots")
+    assert Storage(cache_limit="2GB").limit == 2 * 10**9

@@ -143,3 +143,15 @@ def test_a_mixture_resumed_on_a_new_topology_reads_each_stream_once(
         got = {i for (s, i) in epoch0 if s == name}
         assert max((c for (s, _), c in epoch0.items() if s == name), default=1) == 1, f"{name}: a record twice"
         assert len(got) > size - n1 - n2, f"{name}: {size - len(got)} records lost"
+
+
+def test_an_elastic_restore_continues_the_weight_schedule(streams) -> None:
+    switch = tidal.Piecewise(((0, {"web": 1, "code": 0}), (2048, {"web": 0, "code": 1})))
+    ds = tidal.mix(streams, weights=switch, seed=0).batch(64)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    head = [s for b in itertools.islice(loader, 24) for s in b["src"]]  # 1536 draws, all before the switch
+    assert set(head) == {"web"}
+    resumed = tidal.DataLoader(ds, num_workers=1)
+    resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    rest = [s for b in itertools.islice(resumed, 16) for s in b["src"]]  # draws 1536 .. 2560 overall
+    assert rest[:400].count("code") == 0 and rest[-400:].count("web") == 0

@@ -184,6 +184,15 @@ class _WorkerStream(torch.utils.data.IterableDataset):
             it.close()
 
 
+def _mix_draws(position: Any) -> int:
+    """The draw count of the mixture inside a saved chain position (0 if none)."""
+    if isinstance(position, dict):
+        if "streams" in position and "k" in position:
+            return int(position["k"])
+        return _mix_draws(position.get("upstream"))
+    return 0
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -291,7 +300,10 @@ class DataLoader(torch.utils.data.DataLoader):
                 f"this state lacks ranks {missing}: restoring on another topology needs every rank's "
                 "state (save under torch.distributed, or combine the ranks' files with tidal.state.merge)"
             )
-        self._origin = state["progress"]  # new readers share what the old ones left
+        self._origin = dict(state["progress"])  # new readers share what the old ones left
+        draws = sum(_mix_draws(w["position"]) for r in state["ranks"] for w in r["workers"] if w)
+        if draws:
+            self._origin["@mix"] = {"draws": draws}  # so a weight schedule goes on from there
         self._local = self._fresh_local()
         self._local["counts"]["batches"] = sum(r["counts"]["batches"] for r in state["ranks"] if r) // ranks.world_size
 

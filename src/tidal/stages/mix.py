@@ -165,7 +165,8 @@ class MixIterator:
     def __init__(self, mix: MixSpec, world: World, state: dict | None, origin: dict | None):
         self._mix, self._world = mix, world
         self._names = [n for n, _ in mix.streams]
-        self._k = int(state["k"]) if state else 0
+        restored = (origin or {}).get("@mix", {}).get("draws", 0) // world.consumers  # after an elastic restore
+        self._k = int(state["k"]) if state else restored
         self._passes = dict(state["passes"]) if state else dict.fromkeys(self._names, 0)
         self._ended = set(state["ended"]) if state else set()
         self._empty = set(state["empty"]) if state else set()  # streams with nothing for this reader

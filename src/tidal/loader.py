@@ -27,7 +27,7 @@ import torch.utils.data
 
 from tidal.dataset import Dataset
 from tidal.errors import StateError
-from tidal.state import with_progress
+from tidal.state import mix_draws, with_progress
 from tidal.world import World
 
 MAX_BUNDLE = 64
@@ -184,15 +184,6 @@ class _WorkerStream(torch.utils.data.IterableDataset):
             it.close()
 
 
-def _mix_draws(position: Any) -> int:
-    """The draw count of the mixture inside a saved chain position (0 if none)."""
-    if isinstance(position, dict):
-        if "streams" in position and "k" in position:
-            return int(position["k"])
-        return _mix_draws(position.get("upstream"))
-    return 0
-
-
 def _identity(x: Any) -> Any:
     return x
 
@@ -301,7 +292,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 "state (save under torch.distributed, or combine the ranks' files with tidal.state.merge)"
             )
         self._origin = dict(state["progress"])  # new readers share what the old ones left
-        draws = sum(_mix_draws(w["position"]) for r in state["ranks"] for w in r["workers"] if w)
+        draws = mix_draws(state)
         if draws:
             self._origin["@mix"] = {"draws": draws}  # so a weight schedule goes on from there
         self._local = self._fresh_local()

@@ -99,9 +99,24 @@ def skip(state: dict, batches: int) -> dict:
             rate = _records_per_batch(w)
             consumed.append(_advance(c, per_worker * rate, state, readers, len(consumed)) if c else None)
     out["progress"] = progress(out["sources"], consumed, state.get("origin"), state.get("first_epoch", 0))
+    out["mix_draws"] = mix_draws(state)
     out["ranks"] = [None] * world_size  # positions inside buffers no longer apply
     out["skipped_batches"] = state.get("skipped_batches", 0) + batches
     return out
+
+
+def mix_draws(state: dict) -> int:
+    """Records a mixture has drawn over all readers (0 when the dataset is not a mixture)."""
+
+    def draws(position: Any) -> int:
+        if isinstance(position, dict):
+            if "streams" in position and "k" in position:
+                return int(position["k"])
+            return draws(position.get("upstream"))
+        return 0
+
+    known = [draws(w["position"]) for r in state["ranks"] if r for w in r["workers"] if w]
+    return sum(known) if known else int(state.get("mix_draws", 0))
 
 
 def _records_per_batch(worker_state: dict | None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -31,9 +32,7 @@ def storage(s3: S3Server, tmp_path: Path, endpoint: str | None = None, **kw: obj
 
 def clear_shards(cache: Path) -> None:
     """Empty the shard cache but keep the index: a cold start with a known dataset."""
-    for d in cache.iterdir():
-        if d.is_dir() and len(d.name) == 2:
-            shutil.rmtree(d)
+    shutil.rmtree(cache / "shards", ignore_errors=True)
 
 
 def ids(ds: tidal.Dataset) -> list[int]:
@@ -134,12 +133,12 @@ def test_a_published_index_is_used_and_its_hashes_are_checked(s3: S3Server, buck
 
     ds = tidal.Dataset(url, storage=storage(s3, tmp_path))
     assert [s.rows for s in ds.shards] == [3, 4]
-    assert not list((tmp_path / "cache").glob("*/*.shard"))  # counted from the published index, not downloaded
+    assert not list((tmp_path / "cache").glob("shards/*.shard"))  # counted from the published index, not downloaded
     assert ds.shards[0].hash == "sha256:" + "0" * 64 and ds.shards[1].hash is None
     with pytest.raises(tidal.StorageError, match=r"part-000.jsonl: the download does not match the index"):
         list(ds)
     bad = entry(ds.shards[0]).key
-    assert not list((tmp_path / "cache").glob(f"*/{bad}.*[dt]"))  # the bad download was never kept (.shard, .part)
+    assert not list((tmp_path / "cache").glob(f"shards/{bad}.*[dt]"))  # the bad download was never kept (.shard, .part)
 
 
 def test_a_few_columns_of_a_large_remote_parquet_file_are_read_by_range_requests(
@@ -158,7 +157,7 @@ def test_a_few_columns_of_a_large_remote_parquet_file_are_read_by_range_requests
     assert sorted(r["id"] for r in it) == list(range(400))
     stats = it.stats()
     assert 0 < stats["bytes_downloaded"] < size / 4  # only the footer and the id column came over
-    assert not list((tmp_path / "cache").glob("*/*.shard"))  # nothing was downloaded whole
+    assert not list((tmp_path / "cache").glob("shards/*.shard"))  # nothing was downloaded whole
     whole = tidal.Dataset(url, storage=settings).iterator()  # every column: cheaper whole
     assert [r["id"] for r in whole] == list(range(400)) and whole.stats()["bytes_downloaded"] >= size
 
@@ -176,3 +175,33 @@ def test_stats_count_downloads_hits_and_waiting(s3: S3Server, bucket: str, data:
     again = ds.iterator()
     list(again)
     assert again.stats()["cache_hits"] == len(SIZES) and again.stats()["bytes_downloaded"] == 0
+
+
+def test_auto_reads_with_obstore_where_it_is_a_drop_in_and_never_after_a_fork(
+    s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    from tidal.storage import fs
+
+    s3.put(bucket, "a.txt", b"hello\n")
+    url = f"s3://{bucket}/a.txt"
+    data = fs.Remote("s3", storage(s3, tmp_path), data=True)
+    assert fs.Remote("s3", storage(s3, tmp_path)).backend == "s3fs"  # listing and indexing: always s3fs
+    assert fs.Remote("s3", Storage(options={"endpoint_url": s3.endpoint}), data=True).backend == "s3fs"  # no creds
+    assert data.backend == "obstore"
+    assert data.cat(url, 0, 6) == b"hello\n"  # obstore's runtime now runs in this process
+    assert fs.obstore_safe()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a DataLoader worker, say
+        try:
+            child = fs.Remote("s3", storage(s3, tmp_path), data=True)
+            ok = not fs.obstore_safe() and child.backend == "s3fs" and child.cat(url, 0, 6) == b"hello\n"
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)

@@ -174,7 +174,7 @@ def _index_remote(
 ) -> list[Shard]:
     from tidal.storage.fetch import Fetcher
 
-    fetcher = Fetcher(storage)
+    fetcher = Fetcher(storage, data=False)
     try:
         remote = fetcher.remote(urls[0])
         missing = [u for u in urls if known.get(u) is None]
@@ -212,7 +212,7 @@ def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
 def _published(remote: Remote, url: str) -> dict:
     """The entries of an index published beside the data, if there is one."""
     try:
-        data = json.loads(remote.cat(url))
+        data = json.loads(bytes(remote.cat(url)))
     except (StorageError, SourceError, ValueError):
         return {}
     shards = data.get("shards") if isinstance(data, dict) and data.get("version") == _INDEX_VERSION else None

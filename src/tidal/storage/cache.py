@@ -3,7 +3,7 @@
 One directory, shared by every process of the machine and by any number of datasets.
 Each cached file is an *entry*, named by the SHA-1 of its URL and version (ETag or
 modification time), so a changed object is a new entry and an old copy is never mistaken
-for it. An entry ``k`` lives in ``<root>/<k[:2]>/`` as up to five files:
+for it. An entry ``k`` lives in ``<root>/shards/`` as up to five files:
 
     k.shard   the bytes, complete and checked; only ever created by a rename
     k.meta    JSON: url, version, size, hash, and the size and mtime of k.shard when it
@@ -16,15 +16,18 @@ for it. An entry ``k`` lives in ``<root>/<k[:2]>/`` as up to five files:
 
 All locks are ``flock`` locks: the kernel drops them when their process dies, so
 ``kill -9`` leaves nothing that blocks anyone. A killed download leaves a ``.part`` that no
-one holds; the next reservation removes it. Nothing is ever read from a ``.part``.
+one holds; the next sweep removes it. Nothing is ever read from a ``.part``.
 
-Space: before a download starts, ``<root>/cache.lock`` is taken, the directory is
-scanned (its real disk usage: what ``du`` says, a ``.part`` counted with the meta file it
-will have), least recently used entries that no one holds are evicted until the new file
-fits under the limit, and the ``.part`` is preallocated to its full size, all under that
-lock. So the sum of what every process has on disk, finished or in progress, stays under
-the limit. Recency is the mtime of ``k.meta``, touched on every use. The indexes of remote
-datasets (``<root>/index/``) count too; room is made for them before they are written.
+Space is what ``du`` counts: every file and directory under the root, a download in
+progress at its full size (preallocated before its first byte arrives). Reservations are
+made under ``<root>/cache.lock`` against a ledger, ``<root>/cache.usage``, which never says
+less than what is on disk: a reservation adds to it before the space is used, and nothing
+but a full scan lowers it. When a reservation does not fit the ledger, the directory is
+scanned, stale ``.part`` files are swept, and the least recently used entries no one holds
+are evicted down to a low-water mark (90% of the limit), so that scans are rare even when
+the cache is full; the scan's total becomes the ledger. A crash can only leave the ledger
+too high, which the next scan corrects. Recency is the mtime of ``k.meta``, touched on
+every use. The indexes of remote datasets (``<root>/index/``) count too.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +47,10 @@ from tidal.errors import StorageError
 from tidal.storage.stats import Stats
 
 GLOBAL_LOCK = "cache.lock"
+LEDGER = "cache.usage"
+LOW_WATER = 0.9  # a scan that must evict evicts down to this share of the limit
 _META_SLACK = 4096  # a .meta file on disk
+_DIR_SHARE = 4096  # what an entry's five names may add to its directory: at most a block
 _HASH_TRIES = 3  # downloads of one entry that may fail their size or hash check
 
 
@@ -66,8 +72,12 @@ class Entry:
         return self.hash.split(":", 1)[0] if self.hash else "sha256"
 
 
-# writes the whole file into the given path and returns its "algo:hex" digest
-Fill = Callable[[Path, str], str]
+# writes the whole file into the given path; returns its "algo:hex" digest when given an algorithm
+Fill = Callable[[Path, str | None], str | None]
+
+
+class _NoRoom(Exception):
+    """No room in the cache, and the caller would not wait for it."""
 
 
 class Handle:
@@ -94,7 +104,7 @@ class Handle:
 
 class _Files:
     def __init__(self, root: Path, key: str):
-        d = root / key[:2]
+        d = root / "shards"
         self.dir = d
         self.shard, self.meta, self.part = d / f"{key}.shard", d / f"{key}.meta", d / f"{key}.part"
         self.use, self.fetch = d / f"{key}.use", d / f"{key}.fetch"
@@ -137,11 +147,15 @@ class Cache:
     ...     open(handle.path, "rb")        # complete, checked, and not evicted while held
     """
 
-    def __init__(self, root: Path, limit: int, stats: Stats | None = None, *, verify: bool = False):
+    def __init__(
+        self, root: Path, limit: int, stats: Stats | None = None, *, verify: bool = False, hashes: bool = False
+    ):
         self.root = Path(root)
         self.limit = limit
         self.stats = stats if stats is not None else Stats()
-        self.verify = verify
+        self.verify = verify  # re-hash a cached file before its first use in this process
+        self._scanned = False  # whether this process has recounted the cache yet
+        self.hashes = hashes  # hash every download (else only those the index has a hash for, or verify)
         self._verified: set[str] = set()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -170,7 +184,7 @@ class Cache:
         (for prefetching); otherwise it waits up to ``wait`` seconds for readers elsewhere
         to release enough, then raises :class:`StorageError`.
         """
-        if entry.size + _META_SLACK > self.limit:
+        if _footprint(entry.size) > self.limit:
             raise StorageError(
                 f"{entry.url}: {entry.size:,} bytes do not fit in the cache_limit of {self.limit:,} bytes",
                 url=entry.url,
@@ -189,8 +203,9 @@ class Cache:
                 meta = self._valid(f, entry)
                 if meta is not None:  # it was: done once, by them
                     return Handle(f.shard, use, meta.get("hash"), fresh=True)
-                digest = self._fill(f, entry, fill, wait)
-                if digest is None:
+                try:
+                    digest = self._fill(f, entry, fill, wait)
+                except _NoRoom:
                     os.close(use)
                     return None
                 return Handle(f.shard, use, digest, fresh=True)
@@ -207,9 +222,10 @@ class Cache:
             for p in (f.meta, f.shard, f.part):  # a stale or rejected copy: ours to replace
                 p.unlink(missing_ok=True)
             if not self._reserve(f, entry, wait):
-                return None
+                raise _NoRoom
             try:
-                digest = fill(f.part, entry.algorithm)
+                wanted = entry.hash is not None or self.verify or self.hashes
+                digest = fill(f.part, entry.algorithm if wanted else None)
                 size = os.stat(f.part).st_size
                 if size != entry.size or (entry.hash is not None and digest != entry.hash):
                     self.stats.add(corrupt=1)
@@ -252,8 +268,11 @@ class Cache:
             and (entry.hash is None or meta.get("hash") == entry.hash)
         )
         if ok and self.verify and f.shard.name not in self._verified:
-            algo = str(meta.get("hash") or entry.algorithm).split(":", 1)[0]
-            ok = meta.get("hash") == file_digest(f.shard, algo)
+            recorded = meta.get("hash")
+            if recorded is None:  # placed without a hash: nothing to check it against, so fetch it again
+                f.meta.unlink(missing_ok=True)
+                return None
+            ok = recorded == file_digest(f.shard, recorded.split(":", 1)[0])
             if ok:
                 self._verified.add(f.shard.name)
         if not ok:
@@ -268,29 +287,26 @@ class Cache:
 
     def _reserve(self, f: _Files, entry: Entry, wait: float) -> bool:
         """Make room for ``entry`` and preallocate its ``.part``; False if there is none and ``wait`` is 0."""
-        need = -(-entry.size // 4096) * 4096 + _META_SLACK
+        need = _footprint(entry.size)
         deadline = time.monotonic() + wait
         pause = 0.05
         while True:
-            held = _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX)
-            assert held is not None
-            try:
-                if self._make_room(need, keep=entry.key):
+            with self._space() as ledger:
+                if ledger.fits(need):
                     try:
                         self._preallocate(f.part, entry.size)
+                        ledger.add(need)
                         return True
                     except OSError as exc:
                         if exc.errno != errno.ENOSPC:
                             raise StorageError(f"cannot write to the shard cache {self.root}: {exc}") from None
-                        if not self._evict_one(keep=entry.key):
+                        if not ledger.evict_one():
                             raise StorageError(
                                 f"{entry.url}: the disk of the shard cache {self.root} is full "
                                 "and nothing in the cache can be evicted",
                                 url=entry.url,
                             ) from None
                         continue
-            finally:
-                os.close(held)
             if wait <= 0:
                 return False
             if time.monotonic() > deadline:
@@ -302,6 +318,22 @@ class Cache:
                 )
             time.sleep(pause)
             pause = min(1.0, pause * 2)
+
+    def make_room(self, nbytes: int) -> None:
+        """Count ``nbytes`` about to be written into the cache directory that are not an entry
+        (an index), evicting what no one holds to fit them, as far as that goes."""
+        with self._space() as ledger:
+            ledger.fits(nbytes)
+            ledger.add(nbytes)
+
+    @contextlib.contextmanager
+    def _space(self) -> Iterator[_Ledger]:
+        held = _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX)
+        assert held is not None
+        try:
+            yield _Ledger(self)
+        finally:
+            os.close(held)
 
     @staticmethod
     def _preallocate(path: Path, size: int) -> None:
@@ -317,72 +349,40 @@ class Cache:
         finally:
             os.close(fd)
 
-    def make_room(self, nbytes: int) -> None:
-        """Evict what no one holds until ``nbytes`` more fit under the limit, as far as that goes.
-
-        For files that are not entries but live in the cache directory (the index)."""
-        held = _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX)
-        assert held is not None
-        try:
-            self._make_room(nbytes, keep="")
-        finally:
-            os.close(held)
-
     def usage(self) -> int:
-        """Bytes the cache takes on disk now, finished and in progress (what ``du`` counts)."""
+        """Bytes the cache takes on disk now, by a full scan (what ``du`` counts)."""
         return sum(e[1] for e in self._scan().values()) + self._fixed()
 
     def _fixed(self) -> int:
-        """Bytes on disk that are not entries (the remote datasets' indexes): counted, never evicted."""
+        """Bytes on disk that are not entries: the directories, the ledger, the remote indexes."""
         total = 0
-        for d in (self.root, self.root / "index"):
+        for d in (self.root, self.root / "shards", self.root / "index"):
             with contextlib.suppress(FileNotFoundError):
-                total += sum(_usage(e.stat()) for e in os.scandir(d) if e.is_file())
+                total += _usage(os.stat(d))
+                if d.name != "shards":
+                    total += sum(_usage(e.stat()) for e in os.scandir(d) if e.is_file())
         return total
 
     def _scan(self) -> dict[str, tuple[float, int, bool]]:
         """``{key: (last use, bytes on disk, complete)}`` of every entry."""
         out: dict[str, tuple[float, int, bool]] = {}
         try:
-            subdirs = [d for d in os.scandir(self.root) if d.is_dir() and len(d.name) == 2]
+            files = list(os.scandir(self.root / "shards"))
         except FileNotFoundError:
             return out
-        for d in subdirs:
+        for e in files:
+            key, _, kind = e.name.partition(".")
             try:
-                files = list(os.scandir(d.path))
+                st = e.stat()
             except FileNotFoundError:
                 continue
-            for e in files:
-                key, _, kind = e.name.partition(".")
-                try:
-                    st = e.stat()
-                except FileNotFoundError:
-                    continue
-                used, size, complete = out.get(key, (0.0, 0, False))
-                if kind == "meta":
-                    used, complete = st.st_mtime, True
-                elif kind == "part":  # a download in progress: its meta file is still to come
-                    used, size = max(used, st.st_mtime), size + _META_SLACK
-                out[key] = (used, size + _usage(st), complete)
+            used, size, complete = out.get(key, (0.0, 0, False))
+            if kind == "meta":
+                used, complete = st.st_mtime, True
+            elif kind == "part":  # a download in progress: its meta file is still to come
+                used, size = max(used, st.st_mtime), size + _META_SLACK
+            out[key] = (used, size + _usage(st), complete)
         return out
-
-    def _make_room(self, need: int, keep: str) -> bool:
-        """Evict least recently used entries no one holds until ``need`` more bytes fit. Holds cache.lock."""
-        entries = self._scan()
-        total = sum(e[1] for e in entries.values()) + self._fixed()
-        for key, (_, size, complete) in sorted(entries.items(), key=lambda kv: kv[1][0]):
-            stale = not complete
-            if key == keep or (total + need <= self.limit and not stale):
-                continue
-            if self._evict(key, count=complete):  # stale .part files go whatever the room
-                total -= size
-        return total + need <= self.limit
-
-    def _evict_one(self, keep: str) -> bool:
-        for key, _ in sorted(self._scan().items(), key=lambda kv: kv[1][0]):
-            if key != keep and self._evict(key, count=True):
-                return True
-        return False
 
     def _evict(self, key: str, *, count: bool) -> bool:
         """Remove entry ``key`` if no one holds it; whether it was removed."""
@@ -398,6 +398,74 @@ class Cache:
         if count:
             self.stats.add(evictions=1)
         return True
+
+
+class _Ledger:
+    """The cache's space, as seen under ``cache.lock``: an upper bound of what is on disk."""
+
+    def __init__(self, cache: Cache):
+        self.cache = cache
+        self.path = cache.root / LEDGER
+        try:
+            self.used: int | None = int(self.path.read_text())
+        except (OSError, ValueError):
+            self.used = None  # first use, or damaged: scan
+        if not cache._scanned:
+            self.used = None  # each process scans once, first: it sweeps what dead ones left
+
+    def fits(self, need: int) -> bool:
+        """Whether ``need`` more bytes fit, scanning and evicting when the ledger says they do not."""
+        if self.used is not None and self.used + need <= self.cache.limit:
+            return True
+        self._scan(need)
+        assert self.used is not None
+        return self.used + need <= self.cache.limit
+
+    def _scan(self, need: int) -> None:
+        """Recount the disk; sweep stale downloads; evict LRU entries no one holds down to the low-water mark."""
+        cache = self.cache
+        if not self.path.exists():
+            self._write(0)  # the ledger file takes space too: let the scan see it
+        entries = cache._scan()
+        total = sum(e[1] for e in entries.values()) + cache._fixed()
+        target = min(cache.limit, int(cache.limit * LOW_WATER)) - need
+        for key, (_, size, complete) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+            if complete and total <= target:
+                continue  # stale .part files and lock files of dead processes go whatever the room
+            if cache._evict(key, count=complete):
+                total -= size
+        self.used = total
+        self._write(total)
+        cache._scanned = True
+
+    def evict_one(self) -> bool:
+        for key, (_, _, complete) in sorted(self.cache._scan().items(), key=lambda kv: kv[1][0]):
+            if complete and self.cache._evict(key, count=True):
+                self.used = None
+                self._scan(0)
+                return True
+        return False
+
+    def add(self, nbytes: int) -> None:
+        assert self.used is not None
+        self.used += nbytes
+        self._write(self.used)
+
+    def _write(self, value: int) -> None:
+        # in place, not by rename: a second file would take a block the ledger does not count;
+        # a torn write reads as damaged, which only costs a scan
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            data = str(value).encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+
+def _footprint(size: int) -> int:
+    """What an entry of ``size`` bytes takes on disk: its blocks, its meta file, its names."""
+    return -(-size // 4096) * 4096 + _META_SLACK + _DIR_SHARE
 
 
 def file_digest(path: Path, algorithm: str) -> str:

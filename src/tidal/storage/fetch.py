@@ -33,10 +33,11 @@ class Fetcher:
     ...     handle.path                        # a complete local copy, held while in use
     """
 
-    def __init__(self, storage: Storage, stats: Stats | None = None):
+    def __init__(self, storage: Storage, stats: Stats | None = None, *, data: bool = True):
         self.storage = storage
+        self.data = data  # fetches for reading (else: for indexing, in the process that builds the dataset)
         self.stats = stats if stats is not None else Stats()
-        self.cache = Cache(storage.root, storage.limit, self.stats, verify=storage.verify)
+        self.cache = Cache(storage.root, storage.limit, self.stats, verify=storage.verify, hashes=not data)
         self._remotes: dict[str, Remote] = {}
         self._parts: ThreadPoolExecutor | None = None
 
@@ -45,7 +46,7 @@ class Fetcher:
         if proto is None:
             raise ValueError(f"{url} is not a remote URL")
         if proto not in self._remotes:
-            self._remotes[proto] = Remote(proto, self.storage, self.stats)
+            self._remotes[proto] = Remote(proto, self.storage, self.stats, data=self.data)
         return self._remotes[proto]
 
     def acquire(self, entry: Entry, *, wait: float = 300.0) -> Handle | None:
@@ -58,15 +59,16 @@ class Fetcher:
         """A held local copy if the cache has one; never downloads."""
         return self.cache.lookup(entry)
 
-    def _download(self, entry: Entry, path: Path, algorithm: str) -> str:
+    def _download(self, entry: Entry, path: Path, algorithm: str | None) -> str | None:
         remote = self.remote(entry.url)
-        digest = hashlib.new(algorithm)
+        digest = hashlib.new(algorithm) if algorithm is not None else None
         size, part = entry.size, self.storage.part_size
         with open(path, "r+b") as out:
             if size <= part:
-                data = remote.cat(entry.url, size=size)
+                data = remote.cat(entry.url, 0, size) if size else b""  # ranged: no HEAD first
                 out.write(data)
-                digest.update(data)
+                if digest is not None:
+                    digest.update(data)
             else:
                 pool = self._pool()
                 starts = iter(range(0, size, part))
@@ -84,12 +86,13 @@ class Fetcher:
                         data = window.popleft().result()
                         submit()
                         out.write(data)
-                        digest.update(data)
+                        if digest is not None:
+                            digest.update(data)
                 finally:
                     for fut in window:
                         fut.cancel()
             out.truncate()  # whatever was preallocated beyond what came
-        return f"{algorithm}:{digest.hexdigest()}"
+        return None if digest is None else f"{algorithm}:{digest.hexdigest()}"
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._parts is None:

@@ -10,9 +10,13 @@ enforced around the request itself, so it holds for any protocol) and goes throu
 :func:`tidal.storage.retry.call`. Where tidal builds the client, the client's own retry
 loop is turned off so that retries are counted once, in one place.
 
-``s3://`` has two clients. s3fs is the default. obstore's fsspec layer is used when asked
-for (``Storage(backend="obstore")``): it moves whole shards faster, but its Rust runtime
-does not survive ``fork``, and torch's DataLoader forks its workers; see ``bench/bench_s3.py``.
+``s3://`` has two clients, s3fs and obstore's fsspec layer. obstore moves whole shards
+several times faster (``bench/bench_s3.py``) but is not a drop-in everywhere, so ``"auto"``
+takes it only where it is one (see :func:`obstore_safe`): for reading shard data (listing
+and indexing, done in the process that builds the dataset, always use s3fs), when the
+``storage_options`` carry credentials (or ``anon``) and a region or endpoint in a form obstore
+takes, and when this process is not a fork of one in which obstore's runtime already ran:
+that runtime does not survive ``fork``, which is how torch starts DataLoader workers.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import glob as _glob
 import os
 import posixpath
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
@@ -100,10 +105,11 @@ class Remote:
     >>> r.cat("s3://bucket/data/a.parquet", 0, 1024)
     """
 
-    def __init__(self, proto: str, storage: Storage, stats: Stats | None = None):
+    def __init__(self, proto: str, storage: Storage, stats: Stats | None = None, *, data: bool = False):
         self.protocol = proto
         self.storage = storage
         self.stats = stats if stats is not None else Stats()
+        self.data = data  # reads shard data (else: lists and indexes)
         self._pid = os.getpid()
 
     @cached_property
@@ -111,7 +117,10 @@ class Remote:
         """``"s3fs"``, ``"obstore"`` or ``"fsspec"`` (any other protocol)."""
         if self.protocol not in ("s3", "s3a"):
             return "fsspec"
-        return "obstore" if self.storage.backend == "obstore" else "s3fs"
+        if self.storage.backend == "auto":
+            auto = self.data and obstore_options(self.storage.options, strict=True) is not None and obstore_safe()
+            return "obstore" if auto else "s3fs"
+        return self.storage.backend
 
     @property
     def fs(self) -> Any:
@@ -278,8 +287,29 @@ _TidalS3 = _LazyClass()
 _OBSTORE_KEYS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
 
 
-def obstore_options(options: dict) -> dict | None:
-    """obstore's S3 configuration for s3fs-style ``storage_options``; None when one has no equivalent."""
+_obstore_pid: int | None = None  # the process in which tidal started obstore's runtime
+
+
+def obstore_safe() -> bool:
+    """Whether obstore can run in this process: its runtime was not started in a process we were forked from.
+
+    A runtime started by tidal is known by its pid; one started by other code is not, so
+    obstore imported by anyone else counts as started."""
+    if _obstore_pid is not None:
+        return _obstore_pid == os.getpid()
+    return "obstore" not in sys.modules
+
+
+def obstore_options(options: dict, strict: bool = False) -> dict | None:
+    """obstore's S3 configuration for s3fs-style ``storage_options``; None when one has no equivalent.
+
+    ``strict``: also None unless they name the credentials (or ``anon``) and a region or an
+    endpoint, which s3fs (botocore) would otherwise find in profiles, SSO or redirects."""
+    if strict:
+        creds = options.get("anon") or ("key" in options and "secret" in options)
+        where = "endpoint_url" in options or set(options.get("client_kwargs") or {}) & {"region_name", "endpoint_url"}
+        if not creds or not where:
+            return None
     out: dict[str, Any] = {}
     for k, v in options.items():
         if k in _OBSTORE_KEYS:
@@ -298,19 +328,36 @@ def obstore_options(options: dict) -> dict | None:
     return out
 
 
-def _obstore(options: dict, storage: Storage) -> Any:
-    from obstore.fsspec import FsspecStore
-
+def _obstore_config(options: dict, storage: Storage) -> tuple[dict, dict]:
+    """obstore's S3 configuration and client options: tidal's timeouts, obstore's own retries off."""
+    global _obstore_pid
+    _obstore_pid = os.getpid()  # its runtime starts here: forks of this process must not use it
     config = obstore_options(options)
     if config is None:
         raise StorageError(
             f"backend='obstore' cannot take these storage_options: {', '.join(sorted(options))} "
             "(it knows key, secret, token, endpoint_url, anon, client_kwargs.region_name)"
         )
-    endpoint = str(config.get("endpoint", ""))
     t = storage.timeout
     client: dict[str, Any] = {"timeout": timedelta(seconds=t), "connect_timeout": timedelta(seconds=min(t, 10.0))}
-    if endpoint.startswith("http:"):
+    if str(config.get("endpoint", "")).startswith("http:"):
         client["allow_http"] = True
+    return config, client
+
+
+def _obstore(options: dict, storage: Storage) -> Any:
+    """obstore's fsspec layer: what tidal lists with when obstore is forced."""
+    from obstore.fsspec import FsspecStore
+
+    config, client = _obstore_config(options, storage)
     store: Any = FsspecStore
     return store("s3", client_options=client, retry_config={"max_retries": 0}, **config)
+
+
+def _obstore_store(bucket: str, options: dict, storage: Storage) -> Any:
+    """obstore's own store of one bucket: what tidal reads shard data with."""
+    from obstore.store import S3Store
+
+    config, client = _obstore_config(options, storage)
+    store: Any = S3Store
+    return store(bucket, client_options=client, retry_config={"max_retries": 0}, **config)

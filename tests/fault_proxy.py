@@ -11,7 +11,8 @@ kinds taken in turn from ``kinds``:
 - ``truncate``: the real response, its ``Content-Length`` intact, but only half its body.
 
 With ``only`` (a predicate of method, target and headers), only the requests it accepts
-are counted and broken. The rest are forwarded as they are. Faults follow a count, not chance, so a retried
+are counted and broken. The rest are forwarded as they are, after ``delay_s`` seconds (a
+slow network, to see what prefetching hides). Faults follow a count, not chance, so a retried
 request always gets through and every test run sees the same faults. Everything is bounded:
 each connection's loop ends when either side closes it, a stall ends at ``stall_s`` or at
 ``stop()``, and ``stop()`` closes every connection.
@@ -78,6 +79,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 if fault == "stall":
                     proxy._stopping.wait(proxy.stall_s)
                     return
+                if proxy.delay_s:
+                    proxy._stopping.wait(proxy.delay_s)
                 upstream.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
                 for k, v in headers:
                     upstream.putheader(k, v)
@@ -148,11 +151,13 @@ class FaultProxy:
         kinds: tuple[str, ...] = KINDS,
         stall_s: float = 3.0,
         only: Callable[[str, str, list[tuple[str, str]]], bool] | None = None,
+        delay_s: float = 0.0,
     ):
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown faults: {unknown}")
         self.upstream, self.every, self.kinds, self.stall_s, self.only = upstream, every, kinds, stall_s, only
+        self.delay_s = delay_s
         self.faults: Counter[str] = Counter()
         self.requests = 0
         self._lock = threading.Lock()

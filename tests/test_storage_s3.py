@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,23 @@ def test_auto_reads_with_obstore_where_it_is_a_drop_in_and_never_after_a_fork(
     finally:
         os.close(read)
         os.waitpid(pid, 0)
+
+
+def test_prefetching_hides_the_network_from_a_reader_that_does_its_own_work(
+    s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    url = s3.upload(make_shards(tmp_path / "data", [20] * 6, kinds=("jsonl",)), bucket, "web")
+    waited = {}
+    with FaultProxy(("127.0.0.1", s3.port), every=0, delay_s=0.3) as proxy:  # every request takes 0.3 s
+        for prefetch in (0, 8):
+            settings = storage(s3, tmp_path, proxy.endpoint, prefetch=prefetch)
+            ds = tidal.Dataset(url, storage=settings)  # unshuffled: one shard per block
+            clear_shards(tmp_path / "cache")
+            it = ds.iterator()
+            next(it)
+            time.sleep(1.0)  # a training step: the shards of the next blocks come meanwhile
+            assert len(list(it)) == 6 * 20 - 1
+            waited[prefetch] = it.stats()["io_wait_s"]
+            assert it.stats()["cache_misses"] == 6
+    assert waited[0] > 5 * 0.3  # each later shard was waited for...
+    assert waited[8] < 2 * 0.3 + 0.3  # ...or only the first (and a margin)

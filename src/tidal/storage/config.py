@@ -63,9 +63,11 @@ class Storage:
     - ``prefetch``: how many upcoming shards each reader downloads ahead of itself.
     - ``part_size`` / ``parallel``: a shard is fetched as ranged GETs of ``part_size``
       bytes, ``parallel`` of them at a time.
-    - ``verify``: also re-hash a cached shard the first time a reader opens it (by default
-      only its size and modification time are checked; hashes are checked on download).
-    - ``backend``: ``"auto"``, or force ``"s3fs"`` / ``"obstore"`` for ``s3://`` URLs.
+    - ``verify``: hash every download, and re-hash a cached shard the first time a process
+      opens it. By default a download is hashed when the index has a hash to check it
+      against, and a cached shard's size and modification time are checked on every open.
+    - ``backend``: ``"auto"``, or force ``"s3fs"`` / ``"obstore"`` for reading ``s3://``
+      shard data (see :mod:`tidal.storage.fs` for what ``"auto"`` picks and why).
     """
 
     options: dict[str, Any] = field(default_factory=dict, compare=False)

@@ -10,13 +10,15 @@ enforced around the request itself, so it holds for any protocol) and goes throu
 :func:`tidal.storage.retry.call`. Where tidal builds the client, the client's own retry
 loop is turned off so that retries are counted once, in one place.
 
-``s3://`` has two clients, s3fs and obstore's fsspec layer. obstore moves whole shards
-several times faster (``bench/bench_s3.py``) but is not a drop-in everywhere, so ``"auto"``
-takes it only where it is one (see :func:`obstore_safe`): for reading shard data (listing
-and indexing, done in the process that builds the dataset, always use s3fs), when the
-``storage_options`` carry credentials (or ``anon``) and a region or endpoint in a form obstore
-takes, and when this process is not a fork of one in which obstore's runtime already ran:
-that runtime does not survive ``fork``, which is how torch starts DataLoader workers.
+``s3://`` has two clients. s3fs lists and indexes, and reads wherever obstore cannot.
+obstore reads shard data where it is a drop-in: its fsspec layer moves whole shards
+faster than s3fs, and its own API (which tidal calls for ranged GETs: no shared event
+loop, no copy of the body) faster still (``bench/bench_s3.py``). ``"auto"`` takes it when
+the ``storage_options`` carry credentials (or ``anon``) and a region or an endpoint in a form
+obstore takes (it knows no AWS profiles or SSO), and when this process is not a fork of one
+in which obstore's runtime already ran (:func:`obstore_safe`): that runtime does not survive
+``fork``, which is how torch starts DataLoader workers. Listing always uses s3fs, so the
+process that builds a dataset never starts obstore before forking its workers.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import glob as _glob
 import os
 import posixpath
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
@@ -117,10 +120,18 @@ class Remote:
         """``"s3fs"``, ``"obstore"`` or ``"fsspec"`` (any other protocol)."""
         if self.protocol not in ("s3", "s3a"):
             return "fsspec"
-        if self.storage.backend == "auto":
-            auto = self.data and obstore_options(self.storage.options, strict=True) is not None and obstore_safe()
-            return "obstore" if auto else "s3fs"
-        return self.storage.backend
+        if not self.data or self.storage.backend == "s3fs":
+            return "s3fs"
+        if self.storage.backend == "obstore":
+            if not obstore_safe():
+                raise StorageError(
+                    "backend='obstore' cannot run in a process forked from one where obstore already ran "
+                    "(its runtime does not survive fork): start DataLoader workers with "
+                    "multiprocessing_context='spawn' or 'forkserver', or use backend='auto'"
+                )
+            return "obstore"
+        auto = obstore_options(self.storage.options, strict=True) is not None and obstore_safe()
+        return "obstore" if auto else "s3fs"
 
     @property
     def fs(self) -> Any:
@@ -217,7 +228,7 @@ class Remote:
                 raise SourceError(f"{entry}: the pattern matches no file")
         else:
             info = self._info(entry)
-            if info.get("type") == "directory":
+            if info.get("type") == "directory" or entry.endswith("/"):  # http(s): a page of links
                 found = call(lambda: self.fs.find(path, detail=True), url=entry, what="LIST", retry=retry)
                 base = self.path(entry).rstrip("/")
                 files = {}
@@ -232,6 +243,10 @@ class Remote:
                     raise SourceError(f"{entry}: the directory holds no file tidal can read")
             else:
                 files = {path: info}
+        unsized = [k for k, v in files.items() if v.get("size") is None]  # http(s) listings: HEAD each
+        if unsized:
+            with ThreadPoolExecutor(min(16, len(unsized))) as pool:
+                files.update(zip(unsized, pool.map(lambda k: self._info(self.url(k)), unsized), strict=True))
         out = {self.url(k): FileStat(int(v["size"]), _version(v)) for k, v in files.items()}
         return dict(sorted(out.items()))
 

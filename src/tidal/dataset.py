@@ -71,8 +71,9 @@ class Dataset:
         """Index ``src`` (URLs too: any fsspec protocol) and describe how to read it.
 
         Remote files are fetched into a local shard cache shared by all processes of the
-        machine: ``cache_dir`` (default ``~/.cache/tidal/shards``), at most ``cache_limit``
-        bytes on disk (``"50GB"`` by default), least recently used shards evicted first.
+        machine: ``cache_dir`` (default ``~/.cache/tidal/shards/<key of the dataset's URL>``),
+        at most ``cache_limit`` bytes on disk (``"50GB"`` by default), least recently used
+        shards evicted first.
         ``storage_options`` go to the fsspec filesystem (credentials, ``endpoint_url``...).
         ``storage`` (a :class:`tidal.storage.Storage`) sets everything else: timeouts,
         retries, prefetch depth; the three arguments before it override its fields.

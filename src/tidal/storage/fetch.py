@@ -19,6 +19,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from tidal.errors import StorageError
 from tidal.storage.cache import Cache, Entry, Handle
 from tidal.storage.config import Storage
 from tidal.storage.fs import Remote, protocol
@@ -40,6 +41,7 @@ class Fetcher:
         self.cache = Cache(storage.root, storage.limit, self.stats, verify=storage.verify, hashes=not data)
         self._remotes: dict[str, Remote] = {}
         self._parts: ThreadPoolExecutor | None = None
+        self._closed = False
 
     def remote(self, url: str) -> Remote:
         proto = protocol(url)
@@ -60,6 +62,8 @@ class Fetcher:
         return self.cache.lookup(entry)
 
     def _download(self, entry: Entry, path: Path, algorithm: str | None) -> str | None:
+        if self._closed:  # a prefetch that had not started when its reader was closed
+            raise StorageError(f"{entry.url}: download abandoned: its reader was closed", url=entry.url)
         remote = self.remote(entry.url)
         digest = hashlib.new(algorithm) if algorithm is not None else None
         size, part = entry.size, self.storage.part_size
@@ -95,6 +99,8 @@ class Fetcher:
         return None if digest is None else f"{algorithm}:{digest.hexdigest()}"
 
     def _pool(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise StorageError("download abandoned: its reader was closed")
         if self._parts is None:
             self._parts = ThreadPoolExecutor(self.storage.parallel * 2, thread_name_prefix="tidal-part")
         return self._parts
@@ -103,6 +109,7 @@ class Fetcher:
         return RangeFile(self.remote(url), url, size, self.stats)
 
     def close(self) -> None:
+        self._closed = True
         if self._parts is not None:
             self._parts.shutdown(wait=False, cancel_futures=True)
             self._parts = None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tidal.errors import StorageError
-from tidal.storage.cache import Cache, Entry
+from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, hasher
 from tidal.storage.stats import Stats
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -29,7 +29,11 @@ def filler(data: bytes, calls: list[str] | None = None):
         if calls is not None:
             calls.append(str(path))
         path.write_bytes(data)
-        return None if algorithm is None else f"{algorithm}:{hashlib.new(algorithm, data).hexdigest()}"
+        if algorithm is None:
+            return None
+        h = hasher(algorithm)
+        h.update(data)
+        return f"{algorithm}:{h.hexdigest()}"
 
     return fill
 
@@ -54,7 +58,7 @@ def test_a_file_is_filled_once_then_found(tmp_path: Path) -> None:
     e = entry("a.jsonl", 1000)
     with cache.acquire(e, filler(content("a", 1000), calls)) as h:
         assert h.path.read_bytes() == content("a", 1000) and h.fresh
-        assert h.digest == "sha256:" + hashlib.sha256(content("a", 1000)).hexdigest()
+        assert h.digest == file_digest(h.path, default_algorithm())
     with cache.acquire(e, filler(b"never", calls)) as h:
         assert h.path.read_bytes() == content("a", 1000) and not h.fresh
     assert len(calls) == 1 and calls[0].endswith(".part")  # written beside, renamed into place
@@ -146,7 +150,7 @@ HANG = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {src!r})
-from tidal.storage.cache import Cache, Entry
+from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, hasher
 
 def fill(path, algorithm):
     with open(path, "r+b") as f:
@@ -193,7 +197,7 @@ ONCE = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {src!r})
-from tidal.storage.cache import Cache, Entry
+from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, hasher
 
 def fill(path, algorithm):
     with open({log!r}, "a") as log:
@@ -215,3 +219,15 @@ def test_four_processes_that_want_the_same_file_download_it_once(tmp_path: Path)
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
     assert [p.wait(60) for p in procs] == [0] * 4
     assert log.read_text() == "fill\n"
+
+
+def test_hashes_of_any_hashlib_algorithm_or_xxhash_are_checked(tmp_path: Path) -> None:
+    data = content("a", 3000)
+    for algorithm in ("sha256", "md5", "xxh3_128", "xxh64"):
+        h = hasher(algorithm)
+        h.update(data)
+        e = Entry(f"s3://bucket/{algorithm}", 3000, "v1", f"{algorithm}:{h.hexdigest()}")
+        with Cache(tmp_path, 10**6).acquire(e, filler(data)) as handle:
+            assert handle.digest == e.hash == file_digest(handle.path, algorithm)
+        with pytest.raises(StorageError, match="does not match"):
+            Cache(tmp_path, 10**6).acquire(Entry(e.url, 3000, "v2", e.hash), filler(content("b", 3000)))

@@ -12,7 +12,6 @@ reading a few columns or row groups of a large Parquet file without downloading 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import time
 from collections import deque
@@ -20,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tidal.errors import StorageError
-from tidal.storage.cache import Cache, Entry, Handle
+from tidal.storage.cache import Cache, Entry, Handle, hasher
 from tidal.storage.config import Storage
 from tidal.storage.fs import Remote, protocol
 from tidal.storage.stats import Stats
@@ -65,7 +64,7 @@ class Fetcher:
         if self._closed:  # a prefetch that had not started when its reader was closed
             raise StorageError(f"{entry.url}: download abandoned: its reader was closed", url=entry.url)
         remote = self.remote(entry.url)
-        digest = hashlib.new(algorithm) if algorithm is not None else None
+        digest = hasher(algorithm) if algorithm is not None else None
         size, part = entry.size, self.storage.part_size
         with open(path, "r+b") as out:
             if size <= part:

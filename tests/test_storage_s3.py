@@ -226,3 +226,19 @@ def test_prefetching_hides_the_network_from_a_reader_that_does_its_own_work(
             assert it.stats()["cache_misses"] == 6
     assert waited[0] > 5 * 0.3  # each later shard was waited for...
     assert waited[8] < 2 * 0.3 + 0.3  # ...or only the first (and a margin)
+
+
+def test_a_cached_shard_corrupted_on_disk_is_fetched_again_not_read(
+    s3: S3Server, bucket: str, data: Path, tmp_path: Path
+) -> None:
+    url = s3.upload(data, bucket, "web")
+    ds = tidal.Dataset(url, storage=storage(s3, tmp_path)).shuffle(seed=1, block_size=40, shards_per_block=2)
+    expected = ids(ds)  # every shard is in the cache now
+    shards = sorted((tmp_path / "cache" / "shards").glob("*.shard"))
+    assert len(shards) == len(SIZES)
+    with open(shards[0], "r+b") as f:  # a stray write: same size, other bytes (verify=True also sees bit rot)
+        f.write(b"\x00" * 16)
+    shards[1].write_bytes(shards[1].read_bytes()[:-10])  # a truncated copy
+    it = ds.iterator()
+    assert [r["id"] for r in it] == expected
+    assert it.stats()["corrupt"] == 2 and it.stats()["cache_misses"] == 2

@@ -143,10 +143,10 @@ def train(base: Path, start: int, stop: int, save_at: int | None, desc: str) -> 
 
     import tidal
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # a core for training, the other for the 2 data workers
     net = model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
-    loader = tidal.DataLoader(stream(base / "docs", base / "tokenizer.json"), num_workers=2)
+    loader = tidal.DataLoader(stream(base / "docs", base / "tokenizer.json"), num_workers=2, prefetch_factor=1)
     if start > 0:
         ckpt = torch.load(base / f"checkpoint-{start}" / "train.pt")
         net.load_state_dict(ckpt["model"])

@@ -2,10 +2,16 @@
 
 A format module has a ``NAME`` and two functions:
 
-- ``scan(path, compression) -> dict``: what the index keeps about one file: ``rows`` and
-  whatever the format needs to open the file at a row later (row groups, line offsets).
+- ``scan(path, compression, file=None) -> dict``: what the index keeps about one file:
+  ``rows`` and whatever the format needs to open the file at a row later (row groups, line
+  offsets).
 - ``open(path, compression, info, columns, errors) -> Reader``: a reader whose
   ``read(start, stop)`` returns the records of rows ``[start, stop)`` as a :class:`Piece`.
+
+``path`` names the file in messages; the bytes come from ``file`` (scan) or
+``info.get("file", path)`` (open): a local path, the shard cache's copy of a remote file,
+or for Parquet an opener that reads the remote file by ranges. A format that reads its
+bytes this way works on every source tidal can list.
 
 Adding a format is one module and one line in ``_MODULES`` and ``_ENDINGS``.
 """

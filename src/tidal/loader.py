@@ -30,7 +30,7 @@ from tidal.errors import StateError
 from tidal.state import mix_draws, with_progress
 from tidal.world import World
 
-MAX_BUNDLE = 64
+MAX_BUNDLE = 1024
 MAX_BUNDLE_BYTES = 16 << 20
 STATE_VERSION = 2
 
@@ -94,12 +94,13 @@ class _Strings:
 class _Bundle:
     """Consecutive items of one worker; columns stacked into one tensor where shapes agree."""
 
-    def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool):
+    def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool = True):
         self.worker, self.states, self.end = worker, states, end
         self.columns: dict[str, Any] | None = None
         self.items: list[Any] | None = None
         first = items[0] if items else None
-        if isinstance(first, dict) and all(isinstance(i, dict) and i.keys() == first.keys() for i in items):
+        same = isinstance(first, dict) and all(isinstance(i, dict) and i.keys() == first.keys() for i in items)
+        if pack and same and isinstance(first, dict):
             self.columns = {k: self._stack([i[k] for i in items]) for k in first}
         else:
             self.items = [_prepare(i) for i in items]
@@ -140,10 +141,16 @@ class _Bundle:
 
 
 def _nbytes(item: Any) -> int:
-    """Bytes of an item's arrays: what bounds a bundle of token batches (text stays small)."""
-    if isinstance(item, dict):
-        return sum(v.nbytes for v in item.values() if isinstance(v, np.ndarray))
-    return 0
+    """Bytes of an item's arrays and text: what bounds a bundle."""
+    if not isinstance(item, dict):
+        return 0
+    total = 0
+    for v in item.values():
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, list) and v and type(v[0]) is str:
+            total += sum(len(t) for t in v)
+    return total
 
 
 class _WorkerStream(torch.utils.data.IterableDataset):
@@ -159,6 +166,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[_Bundle]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        pack = info is not None  # packing buffers only pays when they cross a process boundary
         world = self.ranks.with_worker(worker, workers)
         it = self.dataset.iterator(world, self.states[worker], self.first_epoch, self.origin)
         size = 1
@@ -176,9 +184,9 @@ class _WorkerStream(torch.utils.data.IterableDataset):
                     if len(items) >= size or nbytes >= MAX_BUNDLE_BYTES:
                         break
                 else:
-                    yield _Bundle(worker, items, states, end=True)
+                    yield _Bundle(worker, items, states, end=True, pack=pack)
                     return
-                yield _Bundle(worker, items, states, end=False)
+                yield _Bundle(worker, items, states, end=False, pack=pack)
                 size = min(2 * size, MAX_BUNDLE)
         finally:
             it.close()

@@ -26,3 +26,19 @@ class StageIterator(Protocol):
     def consumed(self) -> dict[str, list[int]]: ...
 
     def close(self) -> None: ...
+
+
+class Stateless:
+    """Base of stages with no position of their own: one that returns every item it computes
+    from what it took upstream (map, filter, batch, tokenize) is where its upstream is."""
+
+    _up: StageIterator
+
+    def state(self) -> dict:
+        return self._up.state()
+
+    def consumed(self) -> dict[str, list[int]]:
+        return self._up.consumed()
+
+    def close(self) -> None:
+        self._up.close()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tidal.stages import StageIterator
+from tidal.stages import StageIterator, Stateless
 from tidal.tables import Table, columns, concat, length
 
 
-class BatchIterator:
+class BatchIterator(Stateless):
     """Groups records into batches of ``size``; each call returns one batch (a list of one dict)."""
 
     def __init__(self, upstream: StageIterator, size: int, drop_last: bool):
@@ -25,12 +25,3 @@ class BatchIterator:
             parts.append(part)
             have += length(part)
         return [columns(concat(parts))]
-
-    def state(self) -> dict:
-        return self._up.state()
-
-    def consumed(self) -> dict[str, list[int]]:
-        return self._up.consumed()
-
-    def close(self) -> None:
-        self._up.close()

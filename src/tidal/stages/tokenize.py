@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import TidalError
-from tidal.stages import StageIterator
+from tidal.stages import StageIterator, Stateless
 from tidal.tables import Table, records
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", "[SEP]")
@@ -78,7 +78,7 @@ def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | No
     )
 
 
-class TokenizeIterator:
+class TokenizeIterator(Stateless):
     """Replaces ``column`` (a string) by ``input_ids`` (a numpy array) in every record."""
 
     def __init__(self, upstream: StageIterator, tokenizer: Tokenizer, column: str, max_length: int | None):
@@ -113,12 +113,3 @@ class TokenizeIterator:
 
     def stats(self) -> dict:
         return {"documents": self.documents, "tokens": self.tokens}
-
-    def state(self) -> dict:
-        return self._up.state()
-
-    def consumed(self) -> dict[str, list[int]]:
-        return self._up.consumed()
-
-    def close(self) -> None:
-        self._up.close()

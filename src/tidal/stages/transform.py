@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tidal.stages import StageIterator
+from tidal.stages import StageIterator, Stateless
 from tidal.tables import Table, keep, records
 
 
-class MapIterator:
+class MapIterator(Stateless):
     def __init__(self, upstream: StageIterator, fn: Callable[[Any], Any]):
         self._up, self._fn = upstream, fn
         self.exact = getattr(upstream, "exact", False)  # one item per upstream item
@@ -18,17 +18,8 @@ class MapIterator:
         fn = self._fn
         return [fn(r) for r in records(self._up.next(max_items))]
 
-    def state(self) -> dict:
-        return self._up.state()
 
-    def consumed(self) -> dict[str, list[int]]:
-        return self._up.consumed()
-
-    def close(self) -> None:
-        self._up.close()
-
-
-class FilterIterator:
+class FilterIterator(Stateless):
     def __init__(self, upstream: StageIterator, fn: Callable[[Any], bool]):
         self._up, self._fn = upstream, fn
 
@@ -39,12 +30,3 @@ class FilterIterator:
             mask = [bool(fn(r)) for r in records(table)]
             if any(mask):
                 return table if all(mask) else keep(table, mask)
-
-    def state(self) -> dict:
-        return self._up.state()
-
-    def consumed(self) -> dict[str, list[int]]:
-        return self._up.consumed()
-
-    def close(self) -> None:
-        self._up.close()

@@ -3,7 +3,7 @@
 Each run starts ``torch.distributed.run`` (gloo, CPU, a free port) over
 ``tests/distributed/run_elastic.py``, which writes every batch each rank consumed (ids and the
 DataLoader worker of each record) and the loader states it saved. The checks hold those
-batches to what ``tidal.elastic`` and the README promise:
+batches to what ``tidal.state.elastic`` and the README promise:
 
 - ``loader.state_dict()`` under torch.distributed gathers every rank's state, so all ranks
   get the same dict, and its ``progress`` counts exactly the records the ranks consumed;
@@ -37,7 +37,7 @@ import pytest
 import zstandard
 
 import tidal
-from tidal.elastic import records_done
+from tidal.state.elastic import records_done
 
 pytestmark = pytest.mark.slow
 

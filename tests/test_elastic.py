@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tidal
-from tidal.elastic import progress
+from tidal.state.elastic import progress
 from tidal.world import World
 
 
@@ -52,7 +52,7 @@ def test_any_stop_resumes_on_any_topology_with_every_record_once(
         it = ds.iterator(World(reader // topo1[1], topo1[0], reader % topo1[1], topo1[1]))
         for item in itertools.islice(it, stops[reader]):
             seen += ids_of(item)
-        consumed.append(it.consumed())
+        consumed.append(it.used())
     origin = progress(sources(ds), consumed, None, 0)
     n2 = topo2[0] * topo2[1]
     for reader in range(n2):

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tidal
-from tidal.elastic import progress
+from tidal.state.elastic import progress
 from tidal.testing import assert_resumes_exactly
 from tidal.world import World
 
@@ -128,15 +128,15 @@ def test_a_mixture_resumed_on_a_new_topology_reads_each_stream_once(
     for reader in range(n1):
         it = ds.iterator(World(reader // topo1[1], topo1[0], reader % topo1[1], topo1[1]))
         for r in itertools.islice(it, stop_at):
-            if it.consumed()[f"{r['src']}/"][0] == 0:
+            if it.used()[f"{r['src']}/"][0] == 0:
                 seen.append((r["src"], r["id"]))
-        consumed.append(it.consumed())
+        consumed.append(it.used())
     sources = {k: {"records": p.total, "finite": True} for k, p in ds.sources().items()}
     origin = json.loads(json.dumps(progress(sources, consumed, None, 0)))
     for reader in range(n2):
         it = ds.iterator(World(reader // topo2[1], topo2[0], reader % topo2[1], topo2[1]), origin=origin)
         for r in it:  # a stream that ends is restarted (oversampled): keep only its first epoch
-            if it.consumed()[f"{r['src']}/"][0] == 0:
+            if it.used()[f"{r['src']}/"][0] == 0:
                 seen.append((r["src"], r["id"]))
     epoch0 = Counter(seen)
     for name, size in zip("ab", sizes, strict=True):

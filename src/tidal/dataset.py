@@ -10,37 +10,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from tidal.errors import StateError
 from tidal.formats import Errors
+from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
-from tidal.stages import StageIterator
-from tidal.stages.batch import BatchIterator
-from tidal.stages.mix import MixIterator, MixSpec, Schedule, spec
-from tidal.stages.read import ReadIterator, ReadPlan
-from tidal.stages.transform import FilterIterator, MapIterator
+from tidal.stages import Stage, walk
+from tidal.stages.batch import Batch
+from tidal.stages.mix import Schedule
+from tidal.stages.mix import mix as mix_stage
+from tidal.stages.read import Read, ReadPlan
+from tidal.stages.transform import Filter, Map
 from tidal.storage.config import Storage
 from tidal.storage.fs import is_remote
-from tidal.tables import records
 from tidal.world import World
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 
 DEFAULT_BLOCK_SIZE = 16_384
 DEFAULT_SHARDS_PER_BLOCK = 8
-
-
-@dataclass(frozen=True)
-class _Stage:
-    """One link of the chain: how to build its iterator over an upstream one."""
-
-    kind: str
-    build: Callable[[StageIterator, dict | None], StageIterator]
-    desc: tuple = ()  # what decides its output, for the fingerprint
-    nested: bool = False  # its state wraps its upstream's: {"upstream": ..., ...}
 
 
 class Dataset:
@@ -92,7 +83,7 @@ class Dataset:
         found = listing(src, settings)
         settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
         shards = tuple(index(list(found), format, errors, settings, found))
-        self._plan = ReadPlan(
+        plan = ReadPlan(
             shards=shards,
             columns=tuple(columns) if columns is not None else None,
             errors=errors,
@@ -102,27 +93,43 @@ class Dataset:
             epochs=1,
             storage=settings if any(is_remote(s.path) for s in shards) else None,
         )
-        self._stages: tuple[_Stage, ...] = ()
-        self._mix: MixSpec | None = None
-        self._resume: dict | None = None
+        self._init(Read(plan))
+
+    def _init(self, stage: Stage, resume: dict | None = None) -> None:
+        self._stage = stage
+        self._resume = resume  # a state the next iter() continues from
         self._last: DatasetIterator | None = None
+        _register_with_torch()
+
+    @classmethod
+    def of(cls, stage: Stage) -> Dataset:
+        """A dataset over a chain of stages built by hand."""
+        new = object.__new__(cls)
+        new._init(stage)
+        return new
+
+    @property
+    def stage(self) -> Stage:
+        """The top stage of the chain: a frozen, picklable description of the whole pipeline."""
+        return self._stage
+
+    def __getstate__(self) -> dict:  # the chain and a pending resume; never an open iterator
+        return {"stage": self._stage, "resume": self._resume}
+
+    def __setstate__(self, state: dict) -> None:
+        self._init(state["stage"], state["resume"])
+
+    def __repr__(self) -> str:
+        return repr(self._stage)
 
     # -- chaining --------------------------------------------------------------------
 
-    def _with(self, plan: ReadPlan | None = None, stage: _Stage | None = None) -> Dataset:
-        new = object.__new__(Dataset)
-        new._plan = plan or self._plan
-        new._stages = self._stages + ((stage,) if stage else ())
-        new._mix = self._mix
-        new._resume = None
-        new._last = None
-        return new
+    def _then(self, stage: Stage) -> Dataset:
+        return Dataset.of(stage)
 
     def _before_batch(self, what: str) -> None:
-        if any(s.kind == "batch" for s in self._stages):
+        if self.batched:
             raise ValueError(f"{what}() must come before batch()")
-        if self._mix is not None and what in ("shuffle", "repeat"):
-            raise ValueError(f"{what}() applies to files: call it on the streams before mix()")
 
     def shuffle(
         self,
@@ -140,11 +147,12 @@ class Dataset:
         >>> ds.shuffle(seed=42, block_size=65_536)
         """
         self._before_batch("shuffle")
-        if not isinstance(seed, int) or seed < 0:
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, not {seed!r}")
         if block_size < 1 or shards_per_block < 1:
             raise ValueError("block_size and shards_per_block must be at least 1")
-        return self._with(replace(self._plan, seed=seed, block_size=block_size, shards_per_block=shards_per_block))
+        options = {"seed": seed, "block_size": block_size, "shards_per_block": shards_per_block}
+        return self._then(self._stage.with_source(_SetPlan(options)))
 
     def repeat(self, epochs: int | None = None) -> Dataset:
         """Read the data ``epochs`` times (``None``: forever), reshuffled each epoch.
@@ -152,17 +160,20 @@ class Dataset:
         >>> ds.shuffle(seed=0).repeat()        # the infinite stream step-based training wants
         """
         self._before_batch("repeat")
-        if epochs is not None and epochs < 1:
-            raise ValueError(f"epochs must be at least 1 or None, not {epochs}")
-        return self._with(replace(self._plan, epochs=epochs))
+        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+            raise ValueError(f"epochs must be at least 1 or None, not {epochs!r}")
+        return self._then(self._stage.with_source(_SetPlan({"epochs": epochs})))
 
     def map(self, fn: Callable[[Any], Any]) -> Dataset:
         """Apply ``fn`` to every record (a dict of column to value).
 
-        >>> ds.map(lambda r: {**r, "n": len(r["text"])})
+        Under DataLoader workers started with ``spawn`` or ``forkserver``, ``fn`` must pickle:
+        define it at the top level of a module (a ``lambda`` works with ``fork`` only).
+
+        >>> ds.map(add_length)
         """
         self._before_batch("map")
-        return self._with(stage=_Stage("map", lambda up, _: MapIterator(up, fn)))
+        return self._then(Map(self._stage, fn))
 
     def filter(self, fn: Callable[[Any], bool]) -> Dataset:
         """Keep the records for which ``fn`` is true.
@@ -170,10 +181,10 @@ class Dataset:
         Filtering changes how many records each rank reads, so ranks may yield different
         numbers of batches in a finite epoch; infinite streams (``repeat()``) are unaffected.
 
-        >>> ds.filter(lambda r: len(r["text"]) > 100)
+        >>> ds.filter(is_long)
         """
         self._before_batch("filter")
-        return self._with(stage=_Stage("filter", lambda up, _: FilterIterator(up, fn)))
+        return self._then(Filter(self._stage, fn))
 
     def batch(self, size: int, drop_last: bool = True) -> Dataset:
         """Group records into dicts of columns: numpy arrays where values share a shape, else lists.
@@ -181,10 +192,9 @@ class Dataset:
         >>> next(iter(ds.batch(8)))["id"]      # array([...]) of 8 ints
         """
         self._before_batch("batch")
-        if size < 1:
-            raise ValueError(f"batch size must be at least 1, not {size}")
-        build = lambda up, _: BatchIterator(up, size, drop_last)  # noqa: E731
-        return self._with(stage=_Stage("batch", build, (size, drop_last)))
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"batch size must be an int of at least 1, not {size!r}")
+        return self._then(Batch(self._stage, size, bool(drop_last)))
 
     def tokenize(
         self,
@@ -203,12 +213,10 @@ class Dataset:
 
         >>> ds.tokenize("tokenizer.json").pack(2048).batch(8)
         """
-        from tidal.stages.tokenize import TokenizeIterator, load
+        from tidal.stages.tokenize import Tokenize, load
 
         self._before_batch("tokenize")
-        tok = load(tokenizer, eos)
-        build = lambda up, _: TokenizeIterator(up, tok, column, max_length)  # noqa: E731
-        return self._with(stage=_Stage("tokenize", build, (column, tok.eos_id, str(tok.dtype), max_length)))
+        return self._then(Tokenize(self._stage, load(tokenizer, eos), column, max_length))
 
     def pack(
         self,
@@ -231,22 +239,22 @@ class Dataset:
 
         >>> ds.tokenize(tok).pack(2048, "best_fit", mask_boundaries=True)
         """
-        from tidal.stages.pack import BestFitPackIterator, ConcatPackIterator, PackConfig
+        from tidal.stages.pack import Pack, PackConfig
+        from tidal.stages.tokenize import Tokenize
 
         self._before_batch("pack")
-        if not any(s.kind == "tokenize" for s in self._stages):
+        tokenizers = [s for s in walk(self._stage) if isinstance(s, Tokenize)]
+        if not tokenizers:
             raise ValueError("pack() packs token ids: call tokenize() first")
         if strategy not in ("concat", "best_fit"):
             raise ValueError(f"strategy must be 'concat' or 'best_fit', not {strategy!r}")
         if seq_len < 1 or buffer_size < 1:
             raise ValueError("seq_len and buffer_size must be at least 1")
         if pad_id is None:
-            tok_desc = next(s.desc for s in reversed(self._stages) if s.kind == "tokenize")
-            pad_id = tok_desc[1] if tok_desc[1] is not None else 0
+            eos = tokenizers[0].tokenizer.eos_id
+            pad_id = eos if eos is not None else 0
         cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size)
-        kind = BestFitPackIterator if strategy == "best_fit" else ConcatPackIterator
-        build = lambda up, state: kind(up, cfg, state)  # noqa: E731
-        return self._with(stage=_Stage("pack", build, tuple(vars(cfg).values()), nested=True))
+        return self._then(Pack(self._stage, cfg))
 
     # -- facts -----------------------------------------------------------------------
 
@@ -261,32 +269,20 @@ class Dataset:
 
     def sources(self) -> dict[str, ReadPlan]:
         """The file sources this dataset reads, by key: ``""`` for files, ``"name/"`` for a mixed stream."""
-        if self._mix is None:
-            return {"": self._plan}
-        return {f"{n}/{k}": p for n, d in self._mix.streams for k, p in d.sources().items()}
+        return self._stage.sources()
 
-    def _epochs_per_pass(self) -> int:
+    def epochs_per_pass(self) -> int:
         """Epochs one pass reads; 0 where passes do not apply (forever, or a mixture)."""
-        return 0 if self._mix is not None else self._plan.epochs or 0
+        return self._stage.epochs_per_pass()
 
     @property
     def batched(self) -> bool:
-        return any(s.kind == "batch" for s in self._stages)
+        return any(isinstance(s, Batch) for s in _main_line(self._stage))
 
     def fingerprint(self) -> str:
         """A short digest of everything that decides the order; a saved state carries it."""
-        p = self._plan
-        desc = [
-            self._mix.describe() if self._mix is not None else None,
-            [(os.path.basename(s.path), s.rows) for s in p.shards],
-            p.columns,
-            p.seed,
-            p.block_size,
-            p.shards_per_block,
-            p.epochs,
-            [(s.kind, s.desc) for s in self._stages],
-        ]
-        return hashlib.sha1(json.dumps(desc, default=str).encode()).hexdigest()[:16]
+        text = json.dumps(self._stage.describe(), default=str)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     # -- iteration -------------------------------------------------------------------
 
@@ -299,7 +295,7 @@ class Dataset:
     ) -> DatasetIterator:
         """An iterator over this reader's share, from ``state`` (as saved by one) or the start of
         ``first_epoch``. ``world`` defaults to the topology of the calling process."""
-        return DatasetIterator(self, world or World.current(), state, first_epoch, origin)
+        return DatasetIterator(self._stage, self.fingerprint(), world or World.current(), state, first_epoch, origin)
 
     def __iter__(self) -> Iterator[Any]:
         it = self.iterator(state=self._resume)
@@ -319,32 +315,42 @@ class Dataset:
         self._resume = state or None
         self._last = None
 
-    def __repr__(self) -> str:
-        chain = "".join(f".{s.kind}({', '.join(map(str, s.desc))})" for s in self._stages)
-        if self._mix is not None:
-            return f"mix({', '.join(n for n, _ in self._mix.streams)}){chain}"
-        p = self._plan
-        chain = "".join(f".{s.kind}({', '.join(map(str, s.desc))})" for s in self._stages)
-        shuffled = f".shuffle({p.seed})" if p.seed is not None else ""
-        return f"Dataset({len(p.shards)} shards, {p.total} records){shuffled}.repeat({p.epochs}){chain}"
 
-    def _build(
-        self, world: World, state: dict | None, first_epoch: int, origin: dict | None = None, key: str = ""
-    ) -> list[StageIterator]:
-        """The chain of iterators, source first, each restored from its part of ``state``."""
-        outputs = []  # the state of each stage's output, top first
-        for s in reversed(self._stages):
-            outputs.append(state)
-            if s.nested and state is not None:
-                state = state["upstream"]
-        chain: list[StageIterator]
-        if self._mix is not None:
-            chain = [MixIterator(self._mix, world, state, origin)]
-        else:
-            chain = [ReadIterator(self._plan, world, state, first_epoch, (origin or {}).get(""), key)]
-        for s, out in zip(self._stages, reversed(outputs), strict=True):
-            chain.append(s.build(chain[-1], out if s.nested else None))
-        return chain
+class _SetPlan:
+    """A change of the source's order (``shuffle``, ``repeat``): a picklable value, not a closure."""
+
+    def __init__(self, fields: dict):
+        self.fields = fields
+
+    def __call__(self, read: Read) -> Read:
+        return Read(replace(read.plan, **self.fields))
+
+
+def _main_line(stage: Stage) -> Iterator[Stage]:
+    """The stages of a chain down to its source or mixture, not into the mixed streams."""
+    while True:
+        yield stage
+        ups = stage.upstreams()
+        if len(ups) != 1:
+            return
+        stage = ups[0]
+
+
+def _register_with_torch() -> None:
+    """Let torch (and torchdata's StatefulDataLoader) see a Dataset as the IterableDataset it is.
+
+    torch decides how to iterate a dataset with ``isinstance(ds, IterableDataset)``; a tidal
+    Dataset does not subclass it (``import tidal`` does not import torch), so it is registered
+    as a virtual subclass once torch is loaded.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or Dataset in _registered:
+        return
+    torch.utils.data.IterableDataset.register(Dataset)
+    _registered.add(Dataset)
+
+
+_registered: set[type] = set()
 
 
 def mix(
@@ -372,116 +378,8 @@ def mix(
 
     >>> mixed = tidal.mix({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3}, seed=0)
     """
-    s = spec(datasets, weights, seed, stop, choose, repeat, epoch_size)
-    first = s.streams[0][1]
-    new = first._with()
-    new._mix, new._stages = s, ()
-    return new
-
-
-class DatasetIterator(Iterator[Any]):
-    """Yields items one by one; ``state()`` is the exact position after the last one yielded.
-
-    Items are pulled from the stages in chunks; the state is the stages' position at the
-    start of the current chunk plus how many of its items were yielded. Since a chunk pulled
-    from a given position is always the same, that pair names the position exactly.
-    """
-
-    CHUNK = 256
-
-    def __init__(
-        self, dataset: Dataset, world: World, state: dict | None, first_epoch: int = 0, origin: dict | None = None
-    ):
-        self.world = world
-        self._fingerprint = dataset.fingerprint()
-        self._origin = (state or {}).get("origin", origin)
-        upstream, skip = None, 0
-        if state:
-            self._check(state)
-            upstream, skip = state["position"], int(state["skip"])
-        self._chain = dataset._build(world, upstream, first_epoch, self._origin)
-        self._stages = self._chain[-1]
-        # many items per pull only where an offset within the pull maps to source records
-        self._chunk_size = self.CHUNK if getattr(self._stages, "exact", False) else 1
-        self._chunk: list[Any] = []
-        self._at = 0
-        self._chunk_state = self._stages.state()
-        self._chunk_consumed = self._stages.consumed()
-        self._done = False
-        self.items = int(state.get("items", 0)) if state else 0
-        if skip:
-            self._fill()
-            if skip > len(self._chunk):
-                raise StateError(f"the state skips {skip} items of a chunk of {len(self._chunk)}")
-            self._at = skip
-
-    def _check(self, state: dict) -> None:
-        if state.get("dataset") != self._fingerprint:
-            raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
-        saved = state.get("world")
-        here = [self.world.rank, self.world.world_size, self.world.worker, self.world.num_workers]
-        if saved != here:
-            raise StateError(f"this state was saved by reader {saved} (rank, ranks, worker, workers), not {here}")
-
-    def _fill(self) -> None:
-        self._chunk_state, self._chunk_consumed = self._stages.state(), self._stages.consumed()
-        try:
-            self._chunk = records(self._stages.next(self._chunk_size))
-        except StopIteration:
-            self._chunk, self._done = [], True
-        self._at = 0
-
-    def __next__(self) -> Any:
-        if self._at >= len(self._chunk):
-            if not self._done:
-                self._fill()
-            if not self._chunk:
-                self.close()
-                raise StopIteration
-        item = self._chunk[self._at]
-        self._at += 1
-        self.items += 1
-        return item
-
-    def stats(self) -> dict:
-        """Counters: items yielded, rows read, bad records skipped, tokens, padding (per stage)."""
-        out = {"items": self.items}
-        for stage in self._chain:
-            if hasattr(stage, "stats"):
-                out.update(stage.stats())
-        return out
-
-    def state(self) -> dict:
-        """Small and JSON-able: restores to exactly the next item."""
-        if self._at >= len(self._chunk):
-            position, skip = self._stages.state(), 0
-        else:
-            position, skip = self._chunk_state, self._at
-        state = {
-            "dataset": self._fingerprint,
-            "world": [self.world.rank, self.world.world_size, self.world.worker, self.world.num_workers],
-            "position": position,
-            "skip": skip,
-            "consumed": self.consumed(),
-            "items": self.items,
-            "records": sum(getattr(stage, "passed", 0) for stage in self._chain),
-        }
-        if self._origin:
-            state["origin"] = self._origin
-        return state
-
-    def consumed(self) -> dict[str, list[int]]:
-        """Source records used up so far, ``{source key: [epoch, offset]}``: see :mod:`tidal.elastic`."""
-        if self._at >= len(self._chunk):
-            return self._stages.consumed()
-        ((key, (epoch, offset)),) = self._chunk_consumed.items()  # chunks of many only in exact chains
-        return {key: [epoch, offset + self._at]}
-
-    def close(self) -> None:
-        """Close the files this iterator holds open (also done at its end)."""
-        self._stages.close()
-
-    def __del__(self) -> None:
-        stages = getattr(self, "_stages", None)
-        if stages is not None:
-            stages.close()
+    named = list(datasets.items()) if isinstance(datasets, Mapping) else [(str(i), d) for i, d in enumerate(datasets)]
+    for n, d in named:
+        if not isinstance(d, Dataset):
+            raise TypeError(f"mix(): stream {n!r} is a {type(d).__name__}, not a tidal.Dataset")
+    return Dataset.of(mix_stage([(n, d.stage) for n, d in named], weights, seed, stop, choose, repeat, epoch_size))

@@ -21,6 +21,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from tidal.dataset import Dataset
 from tidal.errors import StateError
 from tidal.loader import DataLoader
+from tidal.stages import walk
+from tidal.stages.pack import Pack
 from tidal.world import World
 
 
@@ -46,9 +48,8 @@ class TidalTrainer(Trainer):
         ds = self.train_dataset
         if not isinstance(ds, Dataset):
             raise TypeError(f"TidalTrainer trains on a tidal.Dataset, not {type(ds).__name__}")
-        for stage in ds._stages:
-            if stage.kind == "pack" and stage.desc[2]:
-                raise ValueError("Hugging Face models shift labels themselves: use pack(..., shift_labels=False)")
+        if any(isinstance(s, Pack) and s.config.shift_labels for s in walk(ds.stage)):
+            raise ValueError("Hugging Face models shift labels themselves: use pack(..., shift_labels=False)")
         self.args.ignore_data_skip = True  # the loader restores its own position; never skip batches
         self._data_loader: DataLoader | None = None
         self._data_state: dict | None = None

@@ -12,13 +12,18 @@ The main process yields batches round-robin over workers (worker 0, 1, ..., agai
 skipping workers that have finished, whatever the bundle sizes. Each batch carries its
 worker's state after it, so ``state_dict()`` is exactly what the training loop consumed
 however far the workers have run ahead: per worker, the position after its last consumed
-batch, and which worker is next.
+batch, and which worker is next. Bundles never leave this module: what the loader yields,
+and what its ``dataset`` yields to any other loader built around it, are plain batches.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
+import sys
 from collections import deque
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -26,13 +31,15 @@ import torch
 import torch.utils.data
 
 from tidal.dataset import Dataset
-from tidal.errors import StateError
-from tidal.state import mix_draws, with_progress
+from tidal.stages import walk
+from tidal.stages.transform import Filter, Map
+from tidal.state import keys as k
+from tidal.state import schema
 from tidal.world import World
 
 MAX_BUNDLE = 1024
 MAX_BUNDLE_BYTES = 16 << 20
-STATE_VERSION = 2
+UNDO = 64  # batches the state can step back over (see _held_by_lightning)
 
 
 def _widen(value: np.ndarray) -> np.ndarray:
@@ -154,7 +161,12 @@ def _nbytes(item: Any) -> int:
 
 
 class _WorkerStream(torch.utils.data.IterableDataset):
-    """What each worker (or the main process, with no workers) iterates: bundles."""
+    """What each worker (or the main process, with no workers) iterates.
+
+    For :class:`DataLoader` it yields bundles (``bundled`` is set while its workers start);
+    for any other loader built around it (Accelerate rebuilds loaders from their
+    ``dataset``) it yields plain batches.
+    """
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -162,13 +174,20 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.states: list[dict | None] = [None]
         self.first_epoch = 0
         self.origin: dict | None = None
+        self.bundled = False
 
-    def __iter__(self) -> Iterator[_Bundle]:
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        pack = info is not None  # packing buffers only pays when they cross a process boundary
         world = self.ranks.with_worker(worker, workers)
-        it = self.dataset.iterator(world, self.states[worker], self.first_epoch, self.origin)
+        state = self.states[worker] if self.bundled and worker < len(self.states) else None
+        it = self.dataset.iterator(world, state, self.first_epoch, self.origin if self.bundled else None)
+        if self.bundled:
+            return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
+        return (_to_torch(_prepare(item)) for item in it)
+
+    @staticmethod
+    def _bundles(it: Any, worker: int, pack: bool) -> Iterator[_Bundle]:
         size = 1
         try:
             while True:
@@ -178,7 +197,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
                 for item in it:
                     items.append(item)
                     state = it.state()
-                    state.pop("origin", None)  # the loader keeps it once, not per batch
+                    state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
                     states.append(state)
                     nbytes += _nbytes(item)
                     if len(items) >= size or nbytes >= MAX_BUNDLE_BYTES:
@@ -196,6 +215,45 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _held_by_lightning(loader: DataLoader) -> int:
+    """Batches Lightning's fit loop has fetched from ``loader`` but not trained on yet.
+
+    Lightning fetches batches ahead of training (to tell the last one of an epoch) and asks
+    stateful loaders for ``state_dict()`` from its fit loop when it saves a checkpoint, so
+    the loader has yielded more batches than were trained on. Those batches are found on the
+    fit loop's data fetcher, which is on the stack of that call.
+    """
+    if "lightning.pytorch" not in sys.modules and "pytorch_lightning" not in sys.modules:
+        return 0
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            return 0
+        fetcher = getattr(frame.f_locals.get("self"), "_data_fetcher", None)
+        combined = getattr(fetcher, "_combined_loader", None)
+        if combined is not None and any(x is loader for x in getattr(combined, "flattened", ())):
+            return len(getattr(fetcher, "batches", ()))
+        frame = frame.f_back
+    return 0
+
+
+def _accelerate_device() -> torch.device | None:
+    """The device HF Accelerate places batches on, when an Accelerator is set up in this process."""
+    state = sys.modules.get("accelerate.state")
+    if state is None or not state.PartialState._shared_state:
+        return None
+    device = state.PartialState().device
+    return None if device.type == "cpu" else device
+
+
+def _to_device(value: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, dict):
+        return {key: _to_device(v, device, non_blocking) for key, v in value.items()}
+    return value
+
+
 class DataLoader(torch.utils.data.DataLoader):
     """A torch DataLoader over a tidal :class:`~tidal.Dataset`, with exact, small state.
 
@@ -207,11 +265,19 @@ class DataLoader(torch.utils.data.DataLoader):
 
     Batches are made by the dataset (``.batch(n)``); ``batch_size=n`` here is a shortcut
     for it. Numeric numpy columns arrive as tensors (unsigned token ids as int64), other
-    columns as lists. Other keyword arguments go to ``torch.utils.data.DataLoader``.
-    A state restores on the same number of ranks and workers.
+    columns as lists. ``device``: where batches go (default: the CPU, or the device of an
+    HF Accelerate ``Accelerator`` set up in this process). Other keyword arguments go to
+    ``torch.utils.data.DataLoader``, ``multiprocessing_context="spawn"`` included.
     """
 
-    def __init__(self, dataset: Dataset, num_workers: int = 0, **kwargs: Any):
+    # HF Accelerate: prepare() would rebuild this loader around its dataset and split an
+    # already split stream again; it returns loaders marked prepared as they are. This loader
+    # splits the data over ranks itself, places batches on Accelerate's device, and
+    # save_state()/load_state() save and restore its state_dict().
+    _is_accelerate_prepared = True
+    use_stateful_dataloader = True
+
+    def __init__(self, dataset: Dataset, num_workers: int = 0, *, device: Any = None, **kwargs: Any):
         if not isinstance(dataset, Dataset):
             raise TypeError(f"tidal.DataLoader takes a tidal.Dataset, not {type(dataset).__name__}")
         batch_size = kwargs.pop("batch_size", None)
@@ -227,17 +293,19 @@ class DataLoader(torch.utils.data.DataLoader):
         self.tidal_dataset = dataset
         self._stream = _WorkerStream(dataset)
         self._workers = max(1, num_workers)
+        self._device = torch.device(device) if device is not None else None
         self._pass = 0
         self._origin: dict | None = None  # progress an elastic restore started from
-        self._local = self._fresh_local()  # this rank's readers: what the training loop consumed
+        self._local = schema.fresh_rank(self._workers)  # this rank's readers: what the training loop consumed
+        self._undo: deque[tuple[int, dict | None, int, int]] = deque(maxlen=UNDO)  # how to step back a batch
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
 
-    def _fresh_local(self) -> dict:
-        return {"next_worker": 0, "workers": [None] * self._workers, "counts": {"batches": 0, "tokens": 0}}
-
     def _first_epoch(self) -> int:
-        return self._pass * self.tidal_dataset._epochs_per_pass()
+        return self._pass * self.tidal_dataset.epochs_per_pass()
+
+    def _sources(self) -> dict:
+        return schema.sources_of(self.tidal_dataset.sources())
 
     def state_dict(self) -> dict:
         """What the training loop has consumed, on every rank: small, JSON-able, topology-free.
@@ -250,81 +318,83 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._pending is not None:
             return self._pending
         ranks = World.ranks()
-        local = {
-            "next_worker": self._local["next_worker"],
-            "workers": list(self._local["workers"]),
-            "counts": dict(self._local["counts"]),
-        }
+        local = schema.copy_rank(self._local)
+        held = list(self._undo)[::-1][: _held_by_lightning(self)]
+        for w, before, next_worker, tokens in held:
+            local[k.WORKERS][w], local[k.NEXT_WORKER] = before, next_worker  # not trained on: not consumed
+            local[k.COUNTS][k.BATCHES] -= 1
+            local[k.COUNTS][k.TOKENS] -= tokens
         every: list[dict | None] = [None] * ranks.world_size
         dist = torch.distributed
         if ranks.world_size > 1 and dist.is_available() and dist.is_initialized():
             dist.all_gather_object(every, local)
         else:
             every[ranks.rank] = local
-        state = {
-            "version": STATE_VERSION,
-            "dataset": self.tidal_dataset.fingerprint(),
-            "pass": self._pass,
-            "first_epoch": self._first_epoch(),
-            "topology": [ranks.world_size, self._workers],
-            "ranks": every,
-            "origin": self._origin,
-        }
-        return with_progress(self.tidal_dataset, state)
+        topology = [ranks.world_size, self._workers]
+        fingerprint = self.tidal_dataset.fingerprint()
+        return schema.make(fingerprint, self._sources(), self._pass, self._first_epoch(), topology, every, self._origin)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
         was saved: batch for batch on the same topology, and with no record lost or repeated
-        within the epoch on another (see :mod:`tidal.elastic`)."""
-        if state.get("version") != STATE_VERSION:
-            raise StateError(f"not a tidal loader state of version {STATE_VERSION} (found {state.get('version')!r})")
-        if state.get("dataset") != self.tidal_dataset.fingerprint():
-            raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
+        within the epoch on another (see :mod:`tidal.state.elastic`). A state that is not one,
+        or not this dataset's, is a :class:`~tidal.StateError` naming the key."""
+        schema.check(state, self.tidal_dataset.fingerprint(), self._sources())
         self._pending = state
         if getattr(self, "_iterator", None) is not None:  # persistent workers hold the old position
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None
 
-    def _apply(self, state: dict, ranks: World) -> None:
-        self._pass = int(state["pass"])
-        same = state["topology"] == [ranks.world_size, self._workers] and state["ranks"][0] is not None
-        mine = state["ranks"][ranks.rank] if same else None
-        if mine is not None:  # the same readers: continue each exactly
-            self._origin = state.get("origin")
-            self._local = {**mine, "workers": list(mine["workers"]), "counts": dict(mine["counts"])}
-            return
-        if state.get("progress") is None:
-            missing = [i for i, r in enumerate(state["ranks"]) if r is None]
-            raise StateError(
-                f"this state lacks ranks {missing}: restoring on another topology needs every rank's "
-                "state (save under torch.distributed, or combine the ranks' files with tidal.state.merge)"
-            )
-        self._origin = dict(state["progress"])  # new readers share what the old ones left
-        draws = mix_draws(state)
-        if draws:
-            self._origin["@mix"] = {"draws": draws}  # so a weight schedule goes on from there
-        self._local = self._fresh_local()
-        self._local["counts"]["batches"] = sum(r["counts"]["batches"] for r in state["ranks"] if r) // ranks.world_size
-
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ranks = World.ranks()
         if self._pending is not None:
-            self._apply(self._pending, ranks)
+            view = schema.check(self._pending, self.tidal_dataset.fingerprint(), self._sources())
+            restored = schema.restore(view, ranks.rank, ranks.world_size, self._workers)
+            self._pass, self._origin, self._local = restored.pass_, restored.origin, restored.rank
             self._pending = None
+        self._undo.clear()
         self._stream.ranks = ranks
-        self._stream.states = list(self._local["workers"])
+        self._stream.states = list(self._local[k.WORKERS])
         self._stream.first_epoch = self._first_epoch()
         self._stream.origin = self._origin
         if self.persistent_workers and getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None  # the workers must start from this state
-        return self._round_robin(super().__iter__(), self._local)
+        self._check_pickles()
+        self._stream.bundled = True  # for the workers (or the main-process reader) started now
+        try:
+            bundles = super().__iter__()
+        finally:
+            self._stream.bundled = False
+        device = self._device or _accelerate_device()
+        return self._round_robin(bundles, self._local, device)
 
-    def _round_robin(self, bundles: Iterator[_Bundle], state: dict) -> Iterator[Any]:
+    def _check_pickles(self) -> None:
+        """Workers started with spawn or forkserver receive the dataset pickled: say which
+        function does not pickle, instead of torch's error from inside the worker start."""
+        if self.num_workers == 0:
+            return
+        context = self.multiprocessing_context
+        method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+        if method == "fork":
+            return
+        for stage in walk(self.tidal_dataset.stage):
+            if isinstance(stage, (Map, Filter)):
+                try:
+                    pickle.dumps(stage.fn)
+                except Exception as exc:
+                    raise TypeError(
+                        f"{stage.call()}: DataLoader workers started with {method!r} receive the dataset "
+                        f"pickled, and this function does not pickle ({exc}); define it at the top level "
+                        "of a module"
+                    ) from None
+
+    def _round_robin(self, bundles: Iterator[_Bundle], state: dict, device: torch.device | None) -> Iterator[Any]:
         n = self._workers
         queues: list[deque[tuple[_Bundle, int]]] = [deque() for _ in range(n)]
         ended = [False] * n
-        w = state["next_worker"]
+        w = state[k.NEXT_WORKER]
+        non_blocking = bool(self.pin_memory)
         while not all(ended[i] and not queues[i] for i in range(n)):
             while not queues[w] and not ended[w]:
                 bundle = next(bundles)
@@ -332,15 +402,19 @@ class DataLoader(torch.utils.data.DataLoader):
                 ended[bundle.worker] |= bundle.end
             if queues[w]:
                 bundle, j = queues[w].popleft()
-                state["workers"][w] = bundle.states[j]
-                state["next_worker"] = (w + 1) % n
                 item = bundle.item(j)
-                counts = state["counts"]
-                counts["batches"] += 1
+                tokens = 0
                 if isinstance(item, dict) and isinstance(item.get("input_ids"), torch.Tensor):
-                    counts["tokens"] += item["input_ids"].numel()
-                yield item
+                    tokens = item["input_ids"].numel()
+                self._undo.append((w, state[k.WORKERS][w], state[k.NEXT_WORKER], tokens))
+                state[k.WORKERS][w] = bundle.states[j]
+                state[k.NEXT_WORKER] = (w + 1) % n
+                counts = state[k.COUNTS]
+                counts[k.BATCHES] += 1
+                counts[k.TOKENS] += tokens
+                yield item if device is None else _to_device(item, device, non_blocking)
             w = (w + 1) % n
         for _ in bundles:  # let torch see every worker finish
             pass
-        self._pass, self._origin, self._local = self._pass + 1, None, self._fresh_local()
+        self._pass, self._origin, self._local = self._pass + 1, None, schema.fresh_rank(self._workers)
+        self._undo.clear()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidal import env
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
 from tidal.formats import Errors, detect, known_ending, module
 from tidal.storage.config import Storage
@@ -50,14 +51,6 @@ class Shard:
     info: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     version: str | None = field(default=None, compare=False, repr=False)  # a remote file's ETag or mtime
     hash: str | None = field(default=None, compare=False, repr=False)  # "sha256:<hex>": checked on download
-
-
-def cache_dir() -> Path:
-    """tidal's cache directory: ``$TIDAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tidal``, else ``~/.cache/tidal``."""
-    if "TIDAL_CACHE_DIR" in os.environ:
-        return Path(os.environ["TIDAL_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tidal"
 
 
 def resolve(src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None) -> list[str]:
@@ -289,7 +282,7 @@ def _index_path(root: str) -> Path:
     if os.access(root, os.W_OK) and (not local.exists() or os.access(local, os.W_OK)):
         return local
     digest = hashlib.sha1(root.encode()).hexdigest()[:16]
-    return cache_dir() / "index" / f"{digest}.json"
+    return env.cache_dir() / "index" / f"{digest}.json"
 
 
 class _locked:

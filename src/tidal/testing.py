@@ -96,7 +96,7 @@ def assert_partition_exact(
     extra = seen - whole
     assert not extra, f"records read that the unsplit dataset does not have, or read twice: {list(extra)[:5]}"
     missing = sum((whole - seen).values())
-    epochs = dataset._plan.epochs or 1
+    epochs = max([p.epochs or 1 for p in dataset.sources().values()], default=1)
     assert missing < world_size * num_workers * epochs, f"{missing} records were never read"
     counts = [sum(len(items) for items in per_rank) for per_rank in parts]
     assert len(set(counts)) == 1, f"ranks yield different numbers of items: {counts}"

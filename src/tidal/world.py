@@ -1,15 +1,17 @@
 """Where this process sits: rank and world size, DataLoader worker and worker count.
 
-This is the only module that reads the environment for topology. It is read when iteration
-starts, never when a dataset is built, because a dataset is often built before
-``torch.distributed.init_process_group`` runs or before DataLoader workers exist.
+This is the only module that decides the topology (the variables themselves are read in
+:mod:`tidal.env`). It is read when iteration starts, never when a dataset is built, because a
+dataset is often built before ``torch.distributed.init_process_group`` runs or before
+DataLoader workers exist.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
+
+from tidal import env
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,8 @@ class World:
             dist = torch.distributed
             if dist.is_available() and dist.is_initialized():
                 return World(dist.get_rank(), dist.get_world_size())
-        rank, size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-        if rank is not None and size is not None:
-            return World(int(rank), int(size))
-        return World()
+        found = env.ranks()
+        return World(*found) if found is not None else World()
 
     @staticmethod
     def current() -> World:

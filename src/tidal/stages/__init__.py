@@ -1,44 +1,176 @@
-"""Stages: iterators over tables of records that can report and restore their position.
+"""Stages: the steps of a pipeline as frozen descriptions, and the iterators they open.
 
-Every stage iterator has ``next(max_items) -> Table`` (between 1 and ``max_items`` items;
-``StopIteration`` at the end) and ``state() -> dict``, the position after the last item it
-returned. A stage never takes more from upstream than the items it returns need, so its
-state is exact at every call boundary; a stage that buffers (packing) saves where its
-buffer began upstream and an offset into it, never the buffer.
+A :class:`Stage` says what a step does (read these shards in this order, batch by 8, pack
+into 2048 tokens), never how far it has got. It is a small frozen value, so a whole chain
+pickles: it crosses into spawn and forkserver DataLoader workers, Ray tasks and JAX
+processes, and ``repr`` shows it. ``stage.open(ctx, position)`` opens a
+:class:`StageIterator` over the stage's upstream, either at the start (``position=None``) or at
+a saved position: one code path for starting and for resuming. A stage opens its upstream
+itself, with the upstream's part of the position, read through :class:`tidal.state.View`,
+so a malformed position is an error naming its key.
 
-``consumed()`` says, for elastic restores, which records of each source are used up:
-``{source key: [epoch, offset in the reader's share]}``. ``exact`` is true when each item a
-stage returns stands for exactly one source record, in order (no filter, batch or pack).
+A :class:`StageIterator` returns 1 to ``max_items`` items per ``next`` (``StopIteration`` at
+the end) and reports ``position()``: exactly where it is after the last item it returned. A
+stage never takes more from upstream than its items need, so the position is exact at every
+call; a stage that buffers (packing) saves where its buffer began upstream and an offset
+into it, never the buffer. ``used()`` says how far into its share of each source the reader
+is (``{source key: [epoch, offset]}``), which is what a restore on another topology needs.
+``exact`` is true when each item stands for exactly one source record, in order.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
+from tidal.state.view import View
 from tidal.tables import Table
+from tidal.world import World
+
+if TYPE_CHECKING:
+    from tidal.stages.read import Read, ReadPlan
 
 
-class StageIterator(Protocol):
+@dataclass(frozen=True)
+class Context:
+    """What a reader opens its chain with, besides a position.
+
+    ``first_epoch``: the epoch a fresh source starts at (each pass over a loader starts the
+    next ones). ``origin``: the progress of an elastic restore (see :mod:`tidal.state.elastic`),
+    keyed by source key. ``key``: the key of the sources below this stage: ``""`` at the top,
+    ``"web/"`` inside the mixed stream ``web``.
+    """
+
+    world: World
+    first_epoch: int = 0
+    origin: dict | None = None
+    key: str = ""
+
+
+class StageIterator(ABC):
+    """An open stage; every member here is what the code above relies on."""
+
+    exact: bool = False
+
+    @abstractmethod
     def next(self, max_items: int) -> Table: ...
 
-    def state(self) -> dict: ...
+    @abstractmethod
+    def position(self) -> dict: ...
 
-    def consumed(self) -> dict[str, list[int]]: ...
+    @abstractmethod
+    def used(self) -> dict[str, list[int]]: ...
 
+    def stats(self) -> dict:
+        """Counters of this stage and those upstream of it."""
+        return {}
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
-class Stateless:
-    """Base of stages with no position of their own: one that returns every item it computes
-    from what it took upstream (map, filter, batch, tokenize) is where its upstream is."""
+class Stateless(StageIterator):
+    """Base of iterators with no position of their own (map, filter, batch, tokenize): each
+    returns every item it computes from what it took upstream, so it is where its upstream is."""
 
-    _up: StageIterator
+    def __init__(self, upstream: StageIterator):
+        self._up = upstream
 
-    def state(self) -> dict:
-        return self._up.state()
+    def position(self) -> dict:
+        return self._up.position()
 
-    def consumed(self) -> dict[str, list[int]]:
-        return self._up.consumed()
+    def used(self) -> dict[str, list[int]]:
+        return self._up.used()
+
+    def stats(self) -> dict:
+        return self._up.stats()
 
     def close(self) -> None:
         self._up.close()
+
+
+@dataclass(frozen=True, repr=False)
+class Stage(ABC):
+    """A step of a pipeline: frozen, picklable, comparable."""
+
+    @abstractmethod
+    def open(self, ctx: Context, position: View | None) -> StageIterator:
+        """An iterator at ``position`` (None: the start), its upstream opened at its part of it."""
+
+    @abstractmethod
+    def describe(self) -> list:
+        """JSON-able facts that decide the output, this stage's and its upstream's: the fingerprint's input."""
+
+    @abstractmethod
+    def call(self) -> str:
+        """How this step reads in a chain: ``batch(8, drop_last=True)``."""
+
+    @abstractmethod
+    def sources(self, key: str = "") -> dict[str, ReadPlan]:
+        """The file sources below, by source key."""
+
+    @abstractmethod
+    def epochs_per_pass(self) -> int:
+        """Epochs one pass over the stage reads; 0 where passes do not apply (forever, or a mixture)."""
+
+    @abstractmethod
+    def with_source(self, change: Callable[[Read], Read]) -> Stage:
+        """The same chain over a changed source (``shuffle`` and ``repeat`` change the source's order)."""
+
+    def upstreams(self) -> tuple[Stage, ...]:
+        return ()
+
+    def __repr__(self) -> str:
+        return self.call()
+
+
+@dataclass(frozen=True, repr=False)
+class Step(Stage):
+    """A stage with one upstream."""
+
+    upstream: Stage
+
+    def describe(self) -> list:
+        return [*self.upstream.describe(), [type(self).__name__, *self.facts()]]
+
+    def facts(self) -> list:
+        """What, besides the upstream, decides this stage's output."""
+        return []
+
+    def sources(self, key: str = "") -> dict[str, ReadPlan]:
+        return self.upstream.sources(key)
+
+    def epochs_per_pass(self) -> int:
+        return self.upstream.epochs_per_pass()
+
+    def with_source(self, change: Callable[[Read], Read]) -> Stage:
+        return replace(self, upstream=self.upstream.with_source(change))
+
+    def upstreams(self) -> tuple[Stage, ...]:
+        return (self.upstream,)
+
+    def __repr__(self) -> str:
+        return f"{self.upstream!r}.{self.call()}"
+
+
+def walk(stage: Stage) -> Iterator[Stage]:
+    """Every stage of a chain, top first, into every mixed stream."""
+    yield stage
+    for up in stage.upstreams():
+        yield from walk(up)
+
+
+def add_stats(*parts: dict) -> dict:
+    """Counters of several iterators as one: numbers summed, per-stream dicts merged."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        for k, v in part.items():
+            if k in out and isinstance(v, dict):
+                out[k] = add_stats(out[k], v)
+            elif k in out and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] += v
+            else:
+                out[k] = v
+    return out

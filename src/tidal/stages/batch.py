@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
-from tidal.stages import StageIterator, Stateless
+from dataclasses import dataclass
+
+from tidal.stages import Context, StageIterator, Stateless, Step
+from tidal.state.view import View
 from tidal.tables import Table, columns, concat, length
+
+
+@dataclass(frozen=True, repr=False)
+class Batch(Step):
+    size: int
+    drop_last: bool = True
+
+    def open(self, ctx: Context, position: View | None) -> StageIterator:
+        return BatchIterator(self.upstream.open(ctx, position), self.size, self.drop_last)
+
+    def facts(self) -> list:
+        return [self.size, self.drop_last]
+
+    def call(self) -> str:
+        return f"batch({self.size}, drop_last={self.drop_last})"
 
 
 class BatchIterator(Stateless):
     """Groups records into batches of ``size``; each call returns one batch (a list of one dict)."""
 
     def __init__(self, upstream: StageIterator, size: int, drop_last: bool):
-        self._up, self._size, self._drop_last = upstream, size, drop_last
+        super().__init__(upstream)
+        self._size, self._drop_last = size, drop_last
 
     def next(self, max_items: int) -> Table:
         parts: list[Table] = []

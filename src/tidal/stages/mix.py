@@ -18,20 +18,22 @@ readers): a training step of a global batch of ``B`` records is ``B`` of them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidal.errors import TidalError
+from tidal.errors import StateError, TidalError
 from tidal.order import rng
-from tidal.stages import StageIterator
+from tidal.stages import Context, Stage, StageIterator, add_stats, walk
+from tidal.stages.batch import Batch
+from tidal.state import keys as k
+from tidal.state.view import View
 from tidal.tables import Table, records
-from tidal.world import World
 
 if TYPE_CHECKING:
-    from tidal.dataset import Dataset
+    from tidal.stages.read import Read, ReadPlan
 
 BLOCK = 1024
 STOPS = ("first_exhausted", "all_exhausted", "never")
@@ -83,44 +85,64 @@ class Cosine(Linear):
         return (1 - math.cos(math.pi * super()._t(k))) / 2
 
 
-@dataclass(frozen=True)
-class MixSpec:
-    streams: tuple[tuple[str, Dataset], ...]
+@dataclass(frozen=True, repr=False)
+class Mix(Stage):
+    """Several streams as one: which stream gives each record is a pure function of (seed, reader, draw)."""
+
+    streams: tuple[tuple[str, Stage], ...]
     weights: Schedule | tuple[float, ...] | None  # None: counts decide
     counts: tuple[int, ...] | None  # records of each stream per mixture epoch, all readers together
     seed: int
     stop: str
 
+    def open(self, ctx: Context, position: View | None) -> StageIterator:
+        return MixIterator(self, ctx, position)
+
     def describe(self) -> list:
         w = self.weights if isinstance(self.weights, (tuple, type(None))) else repr(self.weights)
-        return [[n, d.fingerprint()] for n, d in self.streams] + [w, self.counts, self.seed, self.stop]
+        streams = [[n, s.describe()] for n, s in self.streams]
+        return [["Mix", streams, w, self.counts, self.seed, self.stop]]
+
+    def call(self) -> str:
+        streams = ", ".join(f"{n!r}: {s!r}" for n, s in self.streams)
+        how = f"weights={self.weights!r}" if self.weights is not None else f"counts={self.counts}"
+        return f"mix({{{streams}}}, {how}, seed={self.seed}, stop={self.stop!r})"
+
+    def sources(self, key: str = "") -> dict[str, ReadPlan]:
+        return {k2: p for n, s in self.streams for k2, p in s.sources(f"{key}{n}/").items()}
+
+    def epochs_per_pass(self) -> int:
+        return 0
+
+    def with_source(self, change: Callable[[Read], Read]) -> Stage:
+        raise ValueError("shuffle() and repeat() apply to files: call them on the streams before mix()")
+
+    def upstreams(self) -> tuple[Stage, ...]:
+        return tuple(s for _, s in self.streams)
 
 
-def spec(
-    datasets: Mapping[str, Dataset] | Sequence[Dataset],
+def mix(
+    streams: Sequence[tuple[str, Stage]],
     weights: Mapping[str, float] | Sequence[float] | Schedule | None,
     seed: int,
     stop: str,
     choose: Mapping[str, int] | None,
     repeat: Mapping[str, float] | None,
     epoch_size: int | None,
-) -> MixSpec:
-    from tidal.dataset import Dataset
-
-    streams = (
-        tuple(datasets.items()) if isinstance(datasets, Mapping) else tuple((str(i), d) for i, d in enumerate(datasets))
-    )
+) -> Mix:
+    """The :class:`Mix` of named streams, its arguments checked (see :func:`tidal.mix`)."""
+    streams = tuple(streams)
     names = [n for n, _ in streams]
     if not streams:
         raise ValueError("mix() needs at least one dataset")
-    for n, d in streams:
-        if not isinstance(d, Dataset):
-            raise TypeError(f"mix(): stream {n!r} is a {type(d).__name__}, not a tidal.Dataset")
-        if d.batched:
+    if len(set(names)) != len(names):
+        raise ValueError(f"mix(): stream names must differ, got {names}")
+    for n, s in streams:
+        if any(isinstance(x, Batch) for x in walk(s)):
             raise ValueError(f"mix(): stream {n!r} is batched; mix records, then batch the mixture")
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {', '.join(STOPS)}, not {stop!r}")
-    if not isinstance(seed, int) or seed < 0:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, not {seed!r}")
 
     def by_name(values: Mapping[str, Any] | Sequence[Any], what: str) -> list[Any]:
@@ -139,52 +161,65 @@ def spec(
             raise ValueError("mix(): give weights, or choose/repeat, not both")
         chosen = by_name(choose or {}, "choose")
         repeats = by_name(repeat or {}, "repeat")
-        sizes = [d.num_records for _, d in streams]
+        sizes = [sum(p.total for p in s.sources().values()) for _, s in streams]
         counts = [
             int(c) if c is not None else round(r * n) if r is not None else n
             for c, r, n in zip(chosen, repeats, sizes, strict=True)
         ]
-        return MixSpec(streams, None, tuple(counts), seed, stop)
+        return Mix(streams, None, tuple(counts), seed, stop)
     if weights is None:
         weights = [1.0] * len(names)
     if isinstance(weights, Schedule):
         by_name(weights(0), "weights")
-        return MixSpec(streams, weights, None, seed, stop)
+        return Mix(streams, weights, None, seed, stop)
     w = [float(x if x is not None else 0.0) for x in by_name(weights, "weights")]
     if any(x < 0 for x in w) or sum(w) <= 0:
         raise ValueError(f"mix(): weights must be non-negative and not all zero, got {w}")
     if epoch_size is not None:
         total = sum(w)
-        return MixSpec(streams, None, tuple(round(epoch_size * x / total) for x in w), seed, stop)
-    return MixSpec(streams, tuple(w), None, seed, stop)
+        return Mix(streams, None, tuple(round(epoch_size * x / total) for x in w), seed, stop)
+    return Mix(streams, tuple(w), None, seed, stop)
 
 
-class MixIterator:
-    """Draws each record from one of several streams; state: draws so far and each stream's position."""
+class MixIterator(StageIterator):
+    """Draws each record from one of several streams; position: draws so far and each stream's position."""
 
-    def __init__(self, mix: MixSpec, world: World, state: dict | None, origin: dict | None):
-        self._mix, self._world = mix, world
+    def __init__(self, mix: Mix, ctx: Context, position: View | None):
+        self._mix, self._ctx, self._world = mix, ctx, ctx.world
         self._names = [n for n, _ in mix.streams]
-        restored = (origin or {}).get("@mix", {}).get("draws", 0) // world.consumers  # after an elastic restore
-        self._k = int(state["k"]) if state else restored
-        self._passes = dict(state["passes"]) if state else dict.fromkeys(self._names, 0)
-        self._ended = set(state["ended"]) if state else set()
-        self._empty = set(state["empty"]) if state else set()  # streams with nothing for this reader
-        self._fresh = set(state.get("fresh", [])) if state else set()  # restarted, not yet read from
-        self._origin = origin or {}
-        saved = state["streams"] if state else {}
-        self._streams = {n: self._open(n, saved.get(n)) for n in self._names}
+        self._stages = dict(mix.streams)
+        self._order_cache: tuple[int, np.ndarray] | None = None
         self.drawn = dict.fromkeys(self._names, 0)
         self.tokens = dict.fromkeys(self._names, 0)
-        self._order_cache: tuple[int, np.ndarray] | None = None
+        saved: dict[str, View | None] = dict.fromkeys(self._names)
+        if position is None:
+            origin = (ctx.origin or {}).get(ctx.key + k.MIX) or {}
+            self._k = int(origin.get(k.DRAWS, 0)) // self._world.consumers  # after an elastic restore
+            self._passes = dict.fromkeys(self._names, 0)
+            self._ended: set[str] = set()
+            self._empty: set[str] = set()  # streams with nothing for this reader
+            self._fresh: set[str] = set()  # restarted, not yet read from
+        else:
+            self._k = position.integer(k.DRAWS)
+            passes = position.view(k.PASSES)
+            self._passes = {n: passes.integer(n) for n in self._names}
+            self._ended, self._empty, self._fresh = (self._known(position, key) for key in (k.ENDED, k.EMPTY, k.FRESH))
+            streams = position.view(k.STREAMS)
+            saved = {n: streams.view(n) for n in self._names}
+        self._streams = {n: self._open(n, saved[n]) for n in self._names}
 
-    def _open(self, name: str, state: dict | None) -> StageIterator:
-        ds = dict(self._mix.streams)[name]
-        prefix = name + "/"
-        origin = {k[len(prefix) :]: v for k, v in self._origin.items() if k.startswith(prefix)}
-        epochs = ds._epochs_per_pass()
-        chain = ds._build(self._world, state, self._passes[name] * epochs, origin or None, prefix)
-        return chain[-1]
+    def _known(self, position: View, key: str) -> set[str]:
+        names = position.names(key)
+        unknown = set(names) - set(self._names)
+        if unknown:
+            raise StateError(f"{position.where(key)}: no stream named {sorted(unknown)[0]!r} in this mixture")
+        return set(names)
+
+    def _open(self, name: str, position: View | None) -> StageIterator:
+        stage = self._stages[name]
+        first = self._passes[name] * stage.epochs_per_pass()
+        ctx = Context(self._world, first, self._ctx.origin, f"{self._ctx.key}{name}/")
+        return stage.open(ctx, position)
 
     def _choices(self, k: int, n: int) -> np.ndarray:
         """The streams of draws ``k .. k+n`` (fewer at a block or mixture-epoch end)."""
@@ -249,24 +284,25 @@ class MixIterator:
         self._fresh.add(name)
         return True
 
-    def state(self) -> dict:
+    def position(self) -> dict:
         return {
-            "k": self._k,
-            "passes": self._passes,
-            "ended": sorted(self._ended),
-            "empty": sorted(self._empty),
-            "fresh": sorted(self._fresh),
-            "streams": {n: s.state() for n, s in self._streams.items()},
+            k.DRAWS: self._k,
+            k.PASSES: dict(self._passes),
+            k.ENDED: sorted(self._ended),
+            k.EMPTY: sorted(self._empty),
+            k.FRESH: sorted(self._fresh),
+            k.STREAMS: {n: s.position() for n, s in self._streams.items()},
         }
 
-    def consumed(self) -> dict[str, list[int]]:
+    def used(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for s in self._streams.values():
-            out.update(s.consumed())
+            out.update(s.used())
         return out
 
     def stats(self) -> dict:
-        return {"records_per_stream": dict(self.drawn), "tokens_per_stream": dict(self.tokens)}
+        mine = {"records_per_stream": dict(self.drawn), "tokens_per_stream": dict(self.tokens)}
+        return add_stats(*(s.stats() for s in self._streams.values()), mine)
 
     def close(self) -> None:
         for s in self._streams.values():

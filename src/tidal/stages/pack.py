@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
-from tidal.errors import TidalError
-from tidal.stages import StageIterator
+from tidal.errors import StateError, TidalError
+from tidal.stages import Context, StageIterator, Step, add_stats
+from tidal.state import keys as k
+from tidal.state.view import View
 from tidal.tables import Table, records
 
 IGNORE = -100
@@ -48,6 +50,26 @@ class PackConfig:
     pad_id: int = 0
     buffer_size: int = 256
     chunk_docs: int = 256
+
+
+@dataclass(frozen=True, repr=False)
+class Pack(Step):
+    config: PackConfig
+
+    def open(self, ctx: Context, position: View | None) -> StageIterator:
+        up = self.upstream.open(ctx, position.view(k.UPSTREAM) if position is not None else None)
+        kind = BestFitPackIterator if self.config.strategy == "best_fit" else ConcatPackIterator
+        return kind(up, self.config, position)
+
+    def facts(self) -> list:
+        return list(astuple(self.config))
+
+    def call(self) -> str:
+        c = self.config
+        return (
+            f"pack({c.seq_len}, {c.strategy!r}, shift_labels={c.shift_labels}, "
+            f"mask_boundaries={c.mask_boundaries}, pad_id={c.pad_id}, buffer_size={c.buffer_size})"
+        )
 
 
 def _doc_tokens(recs: list, column: str = "input_ids") -> list[np.ndarray]:
@@ -84,30 +106,32 @@ def _window(tokens: np.ndarray, starts: np.ndarray, cfg: PackConfig) -> dict:
 class _Chunk:
     """Documents pulled in one upstream call, flattened, and where that call started."""
 
-    def __init__(self, state: dict, consumed: dict, docs: list[np.ndarray], dtype: np.dtype):
-        self.state, self.consumed = state, consumed
+    def __init__(self, position: dict, used: dict, docs: list[np.ndarray], dtype: np.dtype):
+        self.position, self.used = position, used
         self.tokens = np.concatenate(docs) if docs else np.zeros(0, dtype=dtype)
         lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
         self.starts = np.zeros(len(self.tokens), dtype=bool)
         self.starts[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
 
 
-class ConcatPackIterator:
-    def __init__(self, upstream: StageIterator, cfg: PackConfig, state: dict | None):
+class ConcatPackIterator(StageIterator):
+    def __init__(self, upstream: StageIterator, cfg: PackConfig, position: View | None):
         self._up, self._cfg = upstream, cfg
         self._chunks: deque[_Chunk] = deque()
         self._pos = 0  # token offset into the first chunk
         self._ended = False
         self._dtype = np.dtype(np.int64)
         self.sequences = self.tokens = 0
-        if state is not None:
+        if position is not None:
+            token = position.integer(k.TOKEN)
             self._pull()
-            self._pos = int(state["token"])
-            if self._chunks and self._pos > len(self._chunks[0].tokens):
-                raise TidalError(f"pack state points at token {self._pos} of a chunk of {len(self._chunks[0].tokens)}")
+            if token > (len(self._chunks[0].tokens) if self._chunks else 0):
+                size = len(self._chunks[0].tokens) if self._chunks else 0
+                raise StateError(f"{position.where(k.TOKEN)}: token {token} is past the chunk's {size} tokens")
+            self._pos = token
 
     def _pull(self) -> None:
-        state, consumed = self._up.state(), self._up.consumed()
+        state, consumed = self._up.position(), self._up.used()
         try:
             recs = records(self._up.next(self._cfg.chunk_docs))
         except StopIteration:
@@ -157,47 +181,49 @@ class ConcatPackIterator:
                 break
         return np.concatenate(toks), np.concatenate(starts)
 
-    def state(self) -> dict:
+    def position(self) -> dict:
         if not self._chunks:  # the next chunk starts where upstream is now
-            return {"upstream": self._up.state(), "token": 0}
-        return {"upstream": self._chunks[0].state, "token": self._pos}
+            return {k.UPSTREAM: self._up.position(), k.TOKEN: 0}
+        return {k.UPSTREAM: self._chunks[0].position, k.TOKEN: self._pos}
 
-    def consumed(self) -> dict[str, list[int]]:
+    def used(self) -> dict[str, list[int]]:
         """Documents whose first token went out are used up (an elastic restore drops the rest
         of the one in progress). Counted within the chunk only when upstream yields one
         document per source record; otherwise the chunk is not counted and is read again."""
         if not self._chunks:
-            return self._up.consumed()
+            return self._up.used()
         chunk = self._chunks[0]
-        if not getattr(self._up, "exact", False) or len(chunk.consumed) != 1:
-            return chunk.consumed
-        ((key, (epoch, offset)),) = chunk.consumed.items()
+        if not self._up.exact or len(chunk.used) != 1:
+            return chunk.used
+        ((key, (epoch, offset)),) = chunk.used.items()
         return {key: [epoch, offset + int(chunk.starts[: self._pos].sum())]}
 
     def stats(self) -> dict:
-        return {"sequences": self.sequences, "packed_tokens": self.tokens}
+        return add_stats(self._up.stats(), {"sequences": self.sequences, "packed_tokens": self.tokens})
 
     def close(self) -> None:
         self._up.close()
 
 
-class BestFitPackIterator:
-    def __init__(self, upstream: StageIterator, cfg: PackConfig, state: dict | None):
+class BestFitPackIterator(StageIterator):
+    def __init__(self, upstream: StageIterator, cfg: PackConfig, position: View | None):
         self._up, self._cfg = upstream, cfg
         self._bins: list[dict] = []
         self._emitted = 0
-        self._buffer_state: dict | None = None
-        self._buffer_consumed: dict = {}
+        self._buffer_position: dict | None = None
+        self._buffer_used: dict = {}
         self.sequences = self.tokens = self.padding = 0
-        if state is not None:
+        if position is not None:
+            emitted = position.integer(k.EMITTED)
             self._fill()
-            self._emitted = int(state["emitted"])
-            if self._emitted > len(self._bins):
-                raise TidalError(f"pack state skips {self._emitted} sequences of a buffer of {len(self._bins)}")
+            if emitted > len(self._bins):
+                where = position.where(k.EMITTED)
+                raise StateError(f"{where}: {emitted} sequences is past the buffer's {len(self._bins)}")
+            self._emitted = emitted
 
     def _fill(self) -> None:
         cfg = self._cfg
-        self._buffer_state, self._buffer_consumed = self._up.state(), self._up.consumed()
+        self._buffer_position, self._buffer_used = self._up.position(), self._up.used()
         self._bins, self._emitted = [], 0
         docs: list[np.ndarray] = []
         budget = cfg.buffer_size * cfg.seq_len
@@ -240,11 +266,11 @@ class BestFitPackIterator:
         position_ids = np.zeros(L, dtype=np.int64)
         segment_ids = np.zeros(L, dtype=np.int32)
         at = 0
-        for k, (d, a, z) in enumerate(pieces):
+        for n_piece, (d, a, z) in enumerate(pieces):
             doc, n = docs[d], z - a
             input_ids[at : at + n] = doc[a:z]
             position_ids[at : at + n] = np.arange(n)
-            segment_ids[at : at + n] = k + 1
+            segment_ids[at : at + n] = n_piece + 1
             if cfg.shift_labels:  # the last label is the document's next token if it goes on past the cut
                 labels[at : at + n - 1] = doc[a + 1 : z]
                 labels[at + n - 1] = doc[z] if z < len(doc) else IGNORE
@@ -270,20 +296,21 @@ class BestFitPackIterator:
         self.tokens += len(out) * self._cfg.seq_len
         return out
 
-    def state(self) -> dict:
-        if self._emitted >= len(self._bins) or self._buffer_state is None:
-            return {"upstream": self._up.state(), "emitted": 0}
-        return {"upstream": self._buffer_state, "emitted": self._emitted}
+    def position(self) -> dict:
+        if self._emitted >= len(self._bins) or self._buffer_position is None:
+            return {k.UPSTREAM: self._up.position(), k.EMITTED: 0}
+        return {k.UPSTREAM: self._buffer_position, k.EMITTED: self._emitted}
 
-    def consumed(self) -> dict[str, list[int]]:
+    def used(self) -> dict[str, list[int]]:
         """The buffer in progress is not counted: an elastic restore packs it again."""
-        if self._emitted >= len(self._bins) or self._buffer_state is None:
-            return self._up.consumed()
-        return self._buffer_consumed
+        if self._emitted >= len(self._bins) or self._buffer_position is None:
+            return self._up.used()
+        return self._buffer_used
 
     def stats(self) -> dict:
         total = self.tokens
-        return {"sequences": self.sequences, "padding": self.padding / total if total else 0.0}
+        mine = {"sequences": self.sequences, "padding": self.padding / total if total else 0.0}
+        return add_stats(self._up.stats(), mine)
 
     def close(self) -> None:
         self._up.close()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,9 @@ from tidal.errors import StateError, TidalError
 from tidal.formats import Errors, Reader, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
+from tidal.stages import Context, Stage, StageIterator
+from tidal.state import keys as k
+from tidal.state.view import View
 from tidal.storage.config import Storage
 from tidal.tables import Table, concat, cut, take
 from tidal.world import World
@@ -41,6 +45,40 @@ class ReadPlan:
         return sum(s.rows for s in self.shards)
 
 
+@dataclass(frozen=True, repr=False)
+class Read(Stage):
+    """The source: this reader's share of each epoch of the shards, block by block, in epoch order."""
+
+    plan: ReadPlan
+
+    def open(self, ctx: Context, position: View | None) -> ReadIterator:
+        origin = (ctx.origin or {}).get(ctx.key)
+        return ReadIterator(self.plan, ctx.world, position, ctx.first_epoch, origin, ctx.key)
+
+    def describe(self) -> list:
+        p = self.plan
+        shards = [(os.path.basename(s.path), s.rows) for s in p.shards]
+        return [["Read", shards, p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs]]
+
+    def call(self) -> str:
+        p = self.plan
+        text = f"Dataset({len(p.shards)} shards, {p.total} records)"
+        if p.seed is not None:
+            text += f".shuffle(seed={p.seed}, block_size={p.block_size}, shards_per_block={p.shards_per_block})"
+        if p.epochs != 1:
+            text += f".repeat({p.epochs})"
+        return text
+
+    def sources(self, key: str = "") -> dict[str, ReadPlan]:
+        return {key: self.plan}
+
+    def epochs_per_pass(self) -> int:
+        return self.plan.epochs or 0
+
+    def with_source(self, change: Callable[[Read], Read]) -> Stage:
+        return change(self)
+
+
 class _Block:
     """One loaded block, its records already in yield order, and where skipped records were."""
 
@@ -61,13 +99,13 @@ class _Block:
         return first, last, min(nxt, stop)
 
 
-class ReadIterator:
+class ReadIterator(StageIterator):
     """Reads one consumer's (rank x worker) share of each epoch, in epoch order.
 
     The share of an epoch is :func:`tidal.order.share` of it: with no ``origin``, a
     contiguous range of positions; after an elastic restore, an equal part of what the
     previous topology left of the epochs named in ``origin`` (``{"epoch": e, "done":
-    {epoch: intervals}}``), starting at its ``epoch``. State: the epoch and how many
+    {epoch: intervals}}``), starting at its ``epoch``. Position: the epoch and how many
     positions of its share were passed (``offset``).
     """
 
@@ -77,7 +115,7 @@ class ReadIterator:
         self,
         plan: ReadPlan,
         world: World,
-        state: dict | None = None,
+        position: View | None = None,
         first_epoch: int = 0,
         origin: dict | None = None,
         key: str = "",
@@ -92,7 +130,7 @@ class ReadIterator:
         self._block: _Block | None = None
         self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
         self.skipped = 0  # bad records dropped under errors="skip"
-        self._origin = origin or {"epoch": first_epoch, "done": {}}
+        self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
         self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
         total = plan.total
         if total == 0 and plan.epochs is None:
@@ -103,34 +141,32 @@ class ReadIterator:
                 f"{world.num_workers} workers) forever: each needs at least one record per epoch"
             )
         self.passed = 0  # positions passed since the first epoch, across restores
-        if state is None:
-            self._first, self._epoch, self._offset = first_epoch, max(first_epoch, int(self._origin["epoch"])), 0
+        if position is None:
+            self._first, self._epoch, self._offset = first_epoch, max(first_epoch, int(self._origin[k.EPOCH])), 0
         else:
-            self._first, self._epoch, self._offset = (
-                int(state["first_epoch"]),
-                int(state["epoch"]),
-                int(state["offset"]),
-            )
-            self.passed = int(state.get("passed", 0))
-            if not 0 <= self._offset <= self._share(self._epoch)[1][-1]:
-                raise StateError(f"offset {self._offset} is outside this reader's share of epoch {self._epoch}")
+            self._first = position.integer(k.FIRST_EPOCH)
+            self._epoch = position.integer(k.EPOCH, lo=self._first)
+            if plan.epochs is not None and self._epoch >= self._first + plan.epochs:
+                raise StateError(f"{position.where(k.EPOCH)}: epoch {self._epoch} is past the last epoch of the pass")
+            self._offset = position.integer(k.OFFSET, hi=int(self._share(self._epoch)[1][-1]))
+            self.passed = position.integer(k.PASSED)
 
     def stats(self) -> dict:
-        out: dict = {"rows_read": self.rows_read, "skipped": self.skipped}
+        out: dict = {"rows_read": self.rows_read, "skipped": self.skipped, "passed": self.passed}
         if self._remote is not None:
             out.update(self._remote.stats.dict())
         return out
 
-    def state(self) -> dict:
-        return {"first_epoch": self._first, "epoch": self._epoch, "offset": self._offset, "passed": self.passed}
+    def position(self) -> dict:
+        return {k.FIRST_EPOCH: self._first, k.EPOCH: self._epoch, k.OFFSET: self._offset, k.PASSED: self.passed}
 
-    def consumed(self) -> dict[str, list[int]]:
+    def used(self) -> dict[str, list[int]]:
         """What this reader has passed, for elastic restores: ``{key: [epoch, offset]}``."""
         return {self.key: [self._epoch, self._offset]}
 
     def _share(self, epoch: int) -> tuple[Intervals, np.ndarray]:
         if epoch not in self._shares:
-            done = self._origin["done"].get(str(epoch), [])
+            done = self._origin[k.DONE].get(str(epoch), [])
             w, plan = self._world, self._plan
             intervals = share(plan.total, done, w.consumers, w.consumer, drop_remainder=plan.epochs is not None)
             ends = np.cumsum([0] + [b - a for a, b in intervals])

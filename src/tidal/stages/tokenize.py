@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import TidalError
-from tidal.stages import StageIterator, Stateless
+from tidal.stages import Context, StageIterator, Stateless, Step, add_stats
+from tidal.state.view import View
 from tidal.tables import Table, records
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", "[SEP]")
@@ -78,12 +79,30 @@ def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | No
     )
 
 
+@dataclass(frozen=True, repr=False)
+class Tokenize(Step):
+    tokenizer: Tokenizer
+    column: str = "text"
+    max_length: int | None = None
+
+    def open(self, ctx: Context, position: View | None) -> StageIterator:
+        return TokenizeIterator(self.upstream.open(ctx, position), self.tokenizer, self.column, self.max_length)
+
+    def facts(self) -> list:
+        return [self.column, self.tokenizer.eos_id, str(self.tokenizer.dtype), self.max_length]
+
+    def call(self) -> str:
+        backend = type(self.tokenizer.backend).__name__
+        return f"tokenize({backend}, column={self.column!r}, eos={self.tokenizer.eos_id}, max_length={self.max_length})"
+
+
 class TokenizeIterator(Stateless):
     """Replaces ``column`` (a string) by ``input_ids`` (a numpy array) in every record."""
 
     def __init__(self, upstream: StageIterator, tokenizer: Tokenizer, column: str, max_length: int | None):
-        self._up, self._tok, self._column, self._max_length = upstream, tokenizer, column, max_length
-        self.exact = getattr(upstream, "exact", False)  # one document per upstream record
+        super().__init__(upstream)
+        self._tok, self._column, self._max_length = tokenizer, column, max_length
+        self.exact = upstream.exact  # one document per upstream record
         self.documents = 0
         self.tokens = 0
 
@@ -112,4 +131,4 @@ class TokenizeIterator(Stateless):
         return out
 
     def stats(self) -> dict:
-        return {"documents": self.documents, "tokens": self.tokens}
+        return add_stats(self._up.stats(), {"documents": self.documents, "tokens": self.tokens})

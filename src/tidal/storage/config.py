@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tidal import env
 from tidal.storage.retry import Retry
 
 DEFAULT_CACHE_LIMIT = 50 * 10**9
@@ -41,9 +42,7 @@ def parse_size(size: int | str) -> int:
 
 def default_cache_dir() -> Path:
     """``$TIDAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tidal``, else ``~/.cache/tidal``."""
-    from tidal.shards import cache_dir  # the one place that reads these variables
-
-    return cache_dir()
+    return env.cache_dir()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,133 @@
+"""One reader's items, one by one, with an exact state after each.
+
+Items are pulled from the stages in chunks; the state is the chain's position at the start
+of the current chunk plus how many of its items were yielded (``within``). A chunk pulled
+from a given position is always the same, so that pair names the position exactly. Chunks
+of many items are pulled only where each item stands for one source record (``exact``);
+elsewhere a chunk is one item and ``within`` is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from tidal.errors import StateError
+from tidal.stages import Context, Stage
+from tidal.state import keys as k
+from tidal.state.view import View
+from tidal.tables import records
+from tidal.world import World
+
+
+class DatasetIterator(Iterator[Any]):
+    """Yields one reader's items; ``state()`` restores to exactly the next one.
+
+    >>> it = ds.iterator()
+    >>> first = next(it); state = it.state()         # JSON-able
+    >>> ds.iterator(state=state)                      # continues with the second item
+    """
+
+    CHUNK = 256
+
+    def __init__(
+        self, stage: Stage, fingerprint: str, world: World, state: dict | None, first_epoch: int, origin: dict | None
+    ):
+        self.world = world
+        self._fingerprint = fingerprint
+        position: View | None = None
+        within = 0
+        self.items = 0
+        if state is not None:
+            view = View(state)
+            if view.get(k.DATASET, None) != fingerprint:
+                raise StateError(
+                    "this state was saved from a different dataset (other files, seed, block size or stages)"
+                )
+            saved = view.entries(k.READER, length=4)
+            here = [world.rank, world.world_size, world.worker, world.num_workers]
+            if saved != here:
+                raise StateError(f"this state was saved by reader {saved} (rank, ranks, worker, workers), not {here}")
+            origin = view.get(k.ORIGIN, None)
+            if origin is not None:
+                View(origin, view.where(k.ORIGIN))
+            position = view.view(k.POSITION)
+            within = view.integer(k.WITHIN)
+            self.items = view.view(k.COUNTS).integer(k.ITEMS)
+        self._origin = origin
+        self._top = stage.open(Context(world, first_epoch, origin), position)
+        self._chunk_size = self.CHUNK if self._top.exact else 1
+        self._chunk: list[Any] = []
+        self._at = 0
+        self._chunk_position = self._top.position()
+        self._chunk_used = self._top.used()
+        self._done = False
+        if within:
+            self._fill()
+            if within > len(self._chunk):
+                raise StateError(f"state['{k.WITHIN}']: {within} items is past the chunk's {len(self._chunk)}")
+            self._at = within
+
+    def _fill(self) -> None:
+        self._chunk_position, self._chunk_used = self._top.position(), self._top.used()
+        try:
+            self._chunk = records(self._top.next(self._chunk_size))
+        except StopIteration:
+            self._chunk, self._done = [], True
+        self._at = 0
+
+    def __next__(self) -> Any:
+        if self._at >= len(self._chunk):
+            if not self._done:
+                self._fill()
+            if not self._chunk:
+                self.close()
+                raise StopIteration
+        item = self._chunk[self._at]
+        self._at += 1
+        self.items += 1
+        return item
+
+    def stats(self) -> dict:
+        """Counters: items yielded, rows read, bad records skipped, tokens, padding, downloads."""
+        return {"items": self.items, **self._top.stats()}
+
+    def state(self) -> dict:
+        """Small and JSON-able: restores to exactly the next item."""
+        if self._at >= len(self._chunk):
+            position, within = self._top.position(), 0
+        else:
+            position, within = self._chunk_position, self._at
+        state = {
+            k.DATASET: self._fingerprint,
+            k.READER: [self.world.rank, self.world.world_size, self.world.worker, self.world.num_workers],
+            k.POSITION: position,
+            k.WITHIN: within,
+            k.USED: self.used(),
+            k.COUNTS: {k.ITEMS: self.items, k.RECORDS: self._passed()},
+        }
+        if self._origin:
+            state[k.ORIGIN] = self._origin
+        return state
+
+    def _passed(self) -> int:
+        passed = self._top.stats().get("passed", 0)
+        if self._at < len(self._chunk) and self._top.exact:
+            passed -= len(self._chunk) - self._at  # the chunk's items not yet yielded
+        return int(passed)
+
+    def used(self) -> dict[str, list[int]]:
+        """Source positions used up so far, ``{source key: [epoch, offset]}``: see :mod:`tidal.state.elastic`."""
+        if self._at >= len(self._chunk):
+            return self._top.used()
+        ((key, (epoch, offset)),) = self._chunk_used.items()  # chunks of many only in exact chains
+        return {key: [epoch, offset + self._at]}
+
+    def close(self) -> None:
+        """Close the files this iterator holds open (also done at its end)."""
+        self._top.close()
+
+    def __del__(self) -> None:
+        top = getattr(self, "_top", None)
+        if top is not None:
+            top.close()

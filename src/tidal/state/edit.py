@@ -1,0 +1,114 @@
+"""Reading and editing a saved loader state: ``tidal state show``, ``tidal state skip``, merging ranks."""
+
+from __future__ import annotations
+
+import copy
+
+from tidal.errors import StateError
+from tidal.order import share
+from tidal.state import keys as k
+from tidal.state.elastic import records_done
+from tidal.state.schema import check_layout, mix_draws, progress_of
+
+
+def merge(states: list[dict]) -> dict:
+    """One state for all ranks from the per-rank states saved without ``torch.distributed``."""
+    if not states:
+        raise StateError("no states to merge")
+    views = [check_layout(s, f"states[{i}]") for i, s in enumerate(states)]
+    out = copy.deepcopy(states[0])
+    for i, view in enumerate(views[1:], 1):
+        for key in (k.DATASET, k.TOPOLOGY, k.PASS):
+            if view.get(key) != views[0].get(key):
+                raise StateError(
+                    f"states[{i}]['{key}'] differs from states[0]: different datasets, topologies or passes"
+                )
+        for rank, entry in enumerate(view.entries(k.RANKS)):
+            if entry is not None:
+                out[k.RANKS][rank] = entry
+    missing = [i for i, r in enumerate(out[k.RANKS]) if r is None]
+    if missing:
+        raise StateError(f"ranks {missing} are missing")
+    out[k.PROGRESS] = progress_of(out)
+    return out
+
+
+def show(state: dict) -> str:
+    """A short human description of a state."""
+    check_layout(state)
+    world_size, workers = state[k.TOPOLOGY]
+    lines = [f"tidal loader state: pass {state[k.PASS]}, saved on {world_size} rank(s) x {workers} worker(s)"]
+    counts = [r[k.COUNTS] for r in state[k.RANKS] if r]
+    if counts:
+        batches, tokens = sum(c[k.BATCHES] for c in counts), sum(c[k.TOKENS] for c in counts)
+        lines.append(f"consumed: {batches} batches over all ranks" + (f", {tokens} tokens" if tokens else ""))
+    for key, prog in (state.get(k.PROGRESS) or {}).items():
+        if key.endswith(k.MIX):
+            lines.append(f"mixture {key[: -len(k.MIX)] or ''}: {prog[k.DRAWS]} records drawn over all readers")
+            continue
+        total = state[k.SOURCES][key][k.RECORDS]
+        epoch, done = int(prog[k.EPOCH]), records_done(prog)
+        partial = ", ".join(f"epoch {e}: {records_done({k.DONE: {e: iv}})}" for e, iv in sorted(prog[k.DONE].items()))
+        lines.append(
+            f"{key or 'source'}: {total} records per epoch; in epoch {epoch}; "
+            f"records used up in epochs in progress: {done}" + (f" ({partial})" if partial else "")
+        )
+    if state.get(k.PROGRESS) is None:
+        lines.append("progress: unknown (this state covers one rank; merge the ranks' states)")
+    if state.get(k.SKIPPED_BATCHES):
+        lines.append(f"skipped by `tidal state skip`: {state[k.SKIPPED_BATCHES]} batches per rank")
+    return "\n".join(lines)
+
+
+def skip(state: dict, batches: int) -> dict:
+    """A state that continues ``batches`` batches (per rank) later, skipping the data between.
+
+    Each reader's position moves on by its part of the skipped batches, at the rate of
+    records per batch it has read so far. The result restores as on another topology: from
+    ``progress``, with the skipped records marked used.
+    """
+    check_layout(state)
+    if not isinstance(batches, int) or batches < 0:
+        raise StateError(f"cannot skip {batches!r} batches: give a non-negative number")
+    if state.get(k.PROGRESS) is None:
+        raise StateError("this state covers one rank: merge the ranks' states before skipping")
+    out = copy.deepcopy(state)
+    world_size, workers = state[k.TOPOLOGY]
+    readers = world_size * workers
+    per_worker = -(-batches // workers)
+    for r, rank in enumerate(out[k.RANKS]):
+        for w, reader in enumerate(rank[k.WORKERS]):
+            if reader and reader[k.USED]:
+                rate = _records_per_batch(reader)
+                reader[k.USED] = _advance(reader[k.USED], per_worker * rate, state, readers, r * workers + w)
+    out[k.MIX_DRAWS] = mix_draws(state)
+    out[k.PROGRESS] = progress_of(out)
+    out[k.RANKS] = [None] * world_size  # positions inside buffers no longer apply
+    out[k.SKIPPED_BATCHES] = state.get(k.SKIPPED_BATCHES, 0) + batches
+    return out
+
+
+def _records_per_batch(reader: dict) -> int:
+    counts = reader[k.COUNTS]
+    if not counts[k.ITEMS]:
+        raise StateError("a worker has not yielded a batch yet: cannot tell how many records a batch holds")
+    return max(1, round(counts[k.RECORDS] / counts[k.ITEMS]))
+
+
+def _advance(used: dict, records: int, state: dict, readers: int, reader: int) -> dict:
+    """Move each source's [epoch, offset] on by ``records`` through its share, epoch by epoch."""
+    out = {}
+    for key, (epoch, offset) in used.items():
+        src = state[k.SOURCES][key]
+        origin = (state.get(k.ORIGIN) or {}).get(key) or {k.DONE: {}}
+        left = records
+        while True:
+            done = origin[k.DONE].get(str(epoch), [])
+            size = sum(b - a for a, b in share(src[k.RECORDS], done, readers, reader, drop_remainder=src[k.FINITE]))
+            step = min(left, size - offset)
+            offset, left = offset + step, left - step
+            if left == 0 or size == 0:
+                break
+            epoch, offset = epoch + 1, 0
+        out[key] = [epoch, offset]
+    return out

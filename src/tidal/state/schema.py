@@ -1,0 +1,208 @@
+"""The loader state (``DataLoader.state_dict()``): how it is made, checked and restored.
+
+    {"version": 3, "dataset": fingerprint, "pass": p, "first_epoch": e,
+     "topology": [ranks, workers],
+     "ranks": [{"next_worker": w, "workers": [reader state | None, ...],
+                "counts": {"batches": b, "tokens": t}} | None, ...],
+     "origin": progress restored from | None,
+     "sources": {source key: {"records": per epoch, "finite": bool}},
+     "progress": {source key: {"epoch": e, "done": {epoch: [[start, stop], ...]}},
+                  mixture key "…@mix": {"draws": over all readers}} | None}
+
+On the same topology each rank continues from its own rank state, batch for batch; on
+another, from ``progress`` (see :mod:`tidal.state.elastic`). Everything is checked before
+it is used: a state that is not one, or one that does not fit the dataset or the loader, is a
+:class:`~tidal.errors.StateError` naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tidal.errors import StateError
+from tidal.state import keys as k
+from tidal.state.elastic import check_progress, progress
+from tidal.state.view import View
+
+
+def fresh_rank(workers: int) -> dict:
+    """A rank state before any batch."""
+    return {k.NEXT_WORKER: 0, k.WORKERS: [None] * workers, k.COUNTS: {k.BATCHES: 0, k.TOKENS: 0}}
+
+
+def copy_rank(rank: dict) -> dict:
+    """A copy that later batches do not change (reader states themselves are never changed)."""
+    return {k.NEXT_WORKER: rank[k.NEXT_WORKER], k.WORKERS: list(rank[k.WORKERS]), k.COUNTS: dict(rank[k.COUNTS])}
+
+
+def sources_of(plans: dict) -> dict:
+    """``sources`` of a state, from a dataset's read plans by source key."""
+    return {key: {k.RECORDS: p.total, k.FINITE: p.epochs is not None} for key, p in plans.items()}
+
+
+def make(
+    fingerprint: str,
+    sources: dict,
+    pass_: int,
+    first_epoch: int,
+    topology: list[int],
+    ranks: list[dict | None],
+    origin: dict | None,
+) -> dict:
+    """A loader state; ``progress`` when every rank is known (see :func:`tidal.state.merge`)."""
+    state: dict[str, Any] = {
+        k.STATE_VERSION: k.VERSION,
+        k.DATASET: fingerprint,
+        k.PASS: pass_,
+        k.FIRST_EPOCH: first_epoch,
+        k.TOPOLOGY: topology,
+        k.RANKS: ranks,
+        k.ORIGIN: origin,
+        k.SOURCES: sources,
+    }
+    state[k.PROGRESS] = None if any(r is None for r in ranks) else progress_of(state)
+    return state
+
+
+def progress_of(state: dict) -> dict:
+    """``progress`` of a state whose ranks are all known: per source, and per mixture its draws."""
+    used = [(w or {}).get(k.USED) for r in state[k.RANKS] for w in r[k.WORKERS]]
+    out = progress(state[k.SOURCES], used, state.get(k.ORIGIN), state[k.FIRST_EPOCH])
+    out.update({key: {k.DRAWS: n} for key, n in mix_draws(state).items()})
+    return out
+
+
+def mix_draws(state: dict) -> dict[str, int]:
+    """Records each mixture has drawn over all readers, by mixture key (empty for no mixture)."""
+    total: dict[str, int] = {}
+    for r in state[k.RANKS]:
+        for w in (r or {}).get(k.WORKERS, []):
+            for key, draws in _mixtures(w[k.POSITION] if w else None, ""):
+                total[key] = total.get(key, 0) + draws
+    if not total:  # no reader has drawn since the state was made: what it was made from
+        total = dict(state.get(k.MIX_DRAWS) or {})
+        for key, entry in (state.get(k.ORIGIN) or {}).items():
+            if key.endswith(k.MIX):
+                total.setdefault(key, int(entry[k.DRAWS]))
+    return total
+
+
+def _mixtures(position: Any, key: str) -> Iterator[tuple[str, int]]:
+    """(mixture key, draws) of every mixture in a reader's position."""
+    while isinstance(position, dict):
+        if k.STREAMS in position:
+            yield key + k.MIX, int(position[k.DRAWS])
+            for name, inner in position[k.STREAMS].items():
+                yield from _mixtures(inner, f"{key}{name}/")
+            return
+        position = position.get(k.UPSTREAM)
+
+
+@dataclass
+class Restored:
+    """What a rank continues from: its pass, the origin its readers share, its rank state."""
+
+    pass_: int
+    origin: dict | None
+    rank: dict
+
+
+def check(state: Any, fingerprint: str, sources: dict) -> View:
+    """The state as a :class:`View`, checked to be well formed and to describe this dataset."""
+    view = check_layout(state)
+    if view.get(k.DATASET, None) != fingerprint:
+        raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
+    saved = view.data[k.SOURCES]
+    if saved != sources:
+        raise StateError(f"{view.where(k.SOURCES)}: {saved} does not describe this dataset's sources ({sources})")
+    return view
+
+
+def check_layout(state: Any, where: str = "state") -> View:
+    """The state as a :class:`View`, every part checked that a restore or an edit relies on."""
+    view = View(state, where)
+    version = view.get(k.STATE_VERSION, None)
+    if version != k.VERSION:
+        raise StateError(
+            f"not a tidal loader state of version {k.VERSION} ({view.where(k.STATE_VERSION)} is {version!r}); "
+            "expected the JSON of DataLoader.state_dict()"
+        )
+    view.string(k.DATASET)
+    view.integer(k.PASS)
+    view.integer(k.FIRST_EPOCH)
+    topology = view.entries(k.TOPOLOGY, length=2)
+    ranks_n = _positive(topology[0], view.where(k.TOPOLOGY) + "[0]")
+    workers_n = _positive(topology[1], view.where(k.TOPOLOGY) + "[1]")
+    sources = view.view(k.SOURCES)
+    for key in sources.data:
+        entry = sources.view(key)
+        entry.integer(k.RECORDS)
+        entry.flag(k.FINITE)
+    ranks = view.entries(k.RANKS, length=ranks_n)
+    for r, entry in enumerate(ranks):
+        if entry is not None:
+            _check_rank(View(entry, f"{view.where(k.RANKS)}[{r}]"), r, ranks_n, workers_n)
+    for key in (k.ORIGIN, k.PROGRESS):
+        part = view.optional(key)
+        if part is not None:
+            check_progress(part, sources.data)
+    draws = view.optional(k.MIX_DRAWS)
+    if draws is not None:
+        for key in draws.data:
+            draws.integer(key)
+    return view
+
+
+def _positive(value: Any, where: str) -> int:
+    if type(value) is not int or value < 1:
+        raise StateError(f"{where}: expected a positive integer, found {value!r}")
+    return value
+
+
+def _check_rank(rank: View, r: int, ranks: int, workers: int) -> None:
+    rank.integer(k.NEXT_WORKER, hi=workers - 1)
+    counts = rank.view(k.COUNTS)
+    counts.integer(k.BATCHES)
+    counts.integer(k.TOKENS)
+    for w, reader in enumerate(rank.entries(k.WORKERS, length=workers)):
+        if reader is None:
+            continue
+        where = f"{rank.where(k.WORKERS)}[{w}]"
+        view = View(reader, where)
+        if view.entries(k.READER, length=4) != [r, ranks, w, workers]:
+            raise StateError(
+                f"{view.where(k.READER)}: {view.get(k.READER)} is not reader [{r}, {ranks}, {w}, {workers}]"
+            )
+        view.view(k.POSITION)
+        view.integer(k.WITHIN)
+        view.view(k.COUNTS).integer(k.ITEMS)
+        view.view(k.COUNTS).integer(k.RECORDS)
+        used = view.view(k.USED)
+        for key in used.data:
+            at = used.entries(key, length=2)
+            for i, v in enumerate(at):
+                if type(v) is not int or v < 0:
+                    raise StateError(f"{used.where(key)}[{i}]: expected a non-negative integer, found {v!r}")
+
+
+def restore(state: View, rank: int, ranks: int, workers: int) -> Restored:
+    """Where rank ``rank`` of ``ranks`` with ``workers`` workers continues from a checked state."""
+    data = state.data
+    pass_ = data[k.PASS]
+    if data[k.TOPOLOGY] == [ranks, workers] and data[k.RANKS][rank] is not None:
+        return Restored(pass_, data.get(k.ORIGIN), copy_rank(data[k.RANKS][rank]))  # the same readers: exactly
+    if data.get(k.PROGRESS) is None:
+        missing = [i for i, r in enumerate(data[k.RANKS]) if r is None]
+        raise StateError(
+            f"this state lacks ranks {missing}: restoring on another topology needs every rank's "
+            "state (save under torch.distributed, or combine the ranks' files with tidal.state.merge)"
+        )
+    origin = dict(data[k.PROGRESS])  # the new readers share what the old ones left
+    for key, n in mix_draws(data).items():
+        origin[key] = {k.DRAWS: n}  # so a weight schedule goes on from there
+    fresh = fresh_rank(workers)
+    known = [r for r in data[k.RANKS] if r]
+    fresh[k.COUNTS][k.BATCHES] = sum(r[k.COUNTS][k.BATCHES] for r in known) // ranks
+    return Restored(pass_, origin, fresh)

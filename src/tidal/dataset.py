@@ -292,10 +292,13 @@ class Dataset:
         state: dict | None = None,
         first_epoch: int = 0,
         origin: dict | None = None,
+        where: str = "state",
     ) -> DatasetIterator:
         """An iterator over this reader's share, from ``state`` (as saved by one) or the start of
-        ``first_epoch``. ``world`` defaults to the topology of the calling process."""
-        return DatasetIterator(self._stage, self.fingerprint(), world or World.current(), state, first_epoch, origin)
+        ``first_epoch``. ``world`` defaults to the topology of the calling process; ``where``
+        is how errors name ``state``."""
+        world = world or World.current()
+        return DatasetIterator(self._stage, self.fingerprint(), world, state, first_epoch, origin, where)
 
     def __iter__(self) -> Iterator[Any]:
         it = self.iterator(state=self._resume)

@@ -31,7 +31,14 @@ class DatasetIterator(Iterator[Any]):
     CHUNK = 256
 
     def __init__(
-        self, stage: Stage, fingerprint: str, world: World, state: dict | None, first_epoch: int, origin: dict | None
+        self,
+        stage: Stage,
+        fingerprint: str,
+        world: World,
+        state: dict | None,
+        first_epoch: int,
+        origin: dict | None,
+        where: str = "state",
     ):
         self.world = world
         self._fingerprint = fingerprint
@@ -39,7 +46,7 @@ class DatasetIterator(Iterator[Any]):
         within = 0
         self.items = 0
         if state is not None:
-            view = View(state)
+            view = View(state, where)
             if view.get(k.DATASET, None) != fingerprint:
                 raise StateError(
                     "this state was saved from a different dataset (other files, seed, block size or stages)"
@@ -65,7 +72,7 @@ class DatasetIterator(Iterator[Any]):
         if within:
             self._fill()
             if within > len(self._chunk):
-                raise StateError(f"state['{k.WITHIN}']: {within} items is past the chunk's {len(self._chunk)}")
+                raise StateError(f"{where}['{k.WITHIN}']: {within} items is past the chunk's {len(self._chunk)}")
             self._at = within
 
     def _fill(self) -> None:

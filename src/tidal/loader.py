@@ -181,7 +181,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         world = self.ranks.with_worker(worker, workers)
         state = self.states[worker] if self.bundled and worker < len(self.states) else None
-        it = self.dataset.iterator(world, state, self.first_epoch, self.origin if self.bundled else None)
+        where = f"state['{k.RANKS}'][{world.rank}]['{k.WORKERS}'][{worker}]"
+        it = self.dataset.iterator(world, state, self.first_epoch, self.origin if self.bundled else None, where)
         if self.bundled:
             return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
         return (_to_torch(_prepare(item)) for item in it)

@@ -25,7 +25,7 @@ from tidal.stages.mix import mix as mix_stage
 from tidal.stages.read import Read, ReadPlan
 from tidal.stages.transform import Filter, Map
 from tidal.storage.config import Storage
-from tidal.storage.fs import is_remote
+from tidal.storage.urls import is_remote
 from tidal.world import World
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]

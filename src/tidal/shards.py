@@ -33,7 +33,8 @@ from tidal import env
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
 from tidal.formats import Errors, detect, known_ending, module
 from tidal.storage.config import Storage
-from tidal.storage.fs import FileStat, Remote, local_path, protocol, url_root
+from tidal.storage.fs import FileStat, Remote
+from tidal.storage.urls import local_path, protocol, url_root
 
 INDEX_NAME = ".tidal-index.json"
 _INDEX_VERSION = 1

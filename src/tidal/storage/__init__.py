@@ -19,7 +19,7 @@ Cloud libraries are imported only when a URL of theirs is first used.
 from __future__ import annotations
 
 from tidal.storage.config import Storage, parse_size
-from tidal.storage.fs import is_remote
 from tidal.storage.retry import Retry
+from tidal.storage.urls import is_remote
 
 __all__ = ["Retry", "Storage", "is_remote", "parse_size"]

@@ -17,6 +17,7 @@ from typing import Any
 
 from tidal import env
 from tidal.storage.retry import Retry
+from tidal.storage.urls import is_remote, url_root
 
 DEFAULT_CACHE_LIMIT = 50 * 10**9
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -101,7 +102,6 @@ class Storage:
 
     def for_files(self, files: Iterable[str]) -> Storage:
         """These settings, with the default cache directory of a dataset of ``files`` filled in."""
-        from tidal.storage.fs import is_remote, url_root
 
         urls = [f for f in files if is_remote(f)]
         if self.cache_dir is not None or not urls:

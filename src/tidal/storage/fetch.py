@@ -21,8 +21,9 @@ from pathlib import Path
 from tidal.errors import StorageError
 from tidal.storage.cache import Cache, Entry, Handle, hasher
 from tidal.storage.config import Storage
-from tidal.storage.fs import Remote, protocol
+from tidal.storage.fs import Remote
 from tidal.storage.stats import Stats
+from tidal.storage.urls import protocol
 
 
 class Fetcher:

@@ -38,7 +38,6 @@ from tidal.storage.config import Storage
 from tidal.storage.retry import Truncated, call
 from tidal.storage.stats import Stats
 
-_LOCAL = {"file", "local"}
 _VERSION_KEYS = ("ETag", "etag", "e_tag", "generation", "VersionId", "version_id", "blob_id", "md5Hash")
 _MTIME_KEYS = ("LastModified", "last_modified", "mtime", "updated", "modified", "last_commit", "created")
 
@@ -49,46 +48,6 @@ class FileStat:
 
     size: int
     version: str | None
-
-
-def protocol(src: str | os.PathLike) -> str | None:
-    """The URL scheme of ``src`` (``"s3"``, ``"https"``), or None for a local path."""
-    if not isinstance(src, str) or "://" not in src:
-        return None
-    scheme = src.split("://", 1)[0].lower()
-    if not scheme.replace("+", "").replace("-", "").isalnum():
-        return None
-    return None if scheme in _LOCAL else scheme
-
-
-def is_remote(src: str | os.PathLike) -> bool:
-    """Whether ``src`` is a URL that fsspec reaches over the network (not a local path or ``file://``)."""
-    return protocol(src) is not None
-
-
-def local_path(src: str | os.PathLike) -> str:
-    """A local path, with a ``file://`` prefix removed."""
-    s = os.fspath(src)
-    for prefix in ("file://", "local://"):
-        if s.lower().startswith(prefix):
-            return s[len(prefix) :]
-    return s
-
-
-def url_root(urls: list[str]) -> str:
-    """The longest directory URL above every one of ``urls``.
-
-    >>> url_root(["s3://b/web/a.jsonl", "s3://b/web/x/c.jsonl"])
-    's3://b/web'
-    """
-    parts = [u.split("/")[:-1] for u in urls]
-    common = parts[0]
-    for p in parts[1:]:
-        n = 0
-        while n < min(len(common), len(p)) and common[n] == p[n]:
-            n += 1
-        common = common[:n]
-    return "/".join(common)
 
 
 def _version(info: dict) -> str | None:

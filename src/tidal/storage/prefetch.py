@@ -26,8 +26,8 @@ from typing import Any
 from tidal.storage.cache import Entry, Handle
 from tidal.storage.config import Storage
 from tidal.storage.fetch import Fetcher, RangeFile
-from tidal.storage.fs import is_remote
 from tidal.storage.stats import Stats
+from tidal.storage.urls import is_remote
 
 RANGE_MIN_BYTES = 32 << 20  # smaller files are cheaper to fetch whole
 RANGE_MAX_SHARE = 0.5  # read in place when the wanted columns are under this share of the file

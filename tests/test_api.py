@@ -60,4 +60,8 @@ def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in
     make_shards(tmp_path / "data" / "web", [300, 200, 250], kinds=("jsonl.zst",))
     train_tokenizer(tmp_path / "tokenizer.json")
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_blocks()[index], f"README.md block {index}", "exec"), {})
+    try:
+        exec(compile(readme_blocks()[index], f"README.md block {index}", "exec"), {})
+    finally:
+        if "accelerate.state" in sys.modules:  # an example set up an Accelerator: leave none behind
+            sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)

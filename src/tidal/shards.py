@@ -100,7 +100,9 @@ def _local_files(entry: str | os.PathLike) -> list[str]:
         found = []
         for d, dirs, names in os.walk(path):
             dirs[:] = [x for x in dirs if not x.startswith(".")]
-            found += [os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(f)]
+            found += [
+                os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(os.path.join(d, f))
+            ]
         found.sort()
         if not found:
             raise SourceError(f"{entry}: the directory holds no file tidal can read")

@@ -54,7 +54,9 @@ Errors = Literal["raise", "skip"]
 Options = Mapping[str, Any]
 
 _MODULES = {
+    "flat": "tidal.formats.flat",
     "jsonl": "tidal.formats.jsonl",
+    "megatron": "tidal.formats.megatron",
     "parquet": "tidal.formats.parquet",
     "text": "tidal.formats.text",
     "tokens": "tidal.formats.tokens",
@@ -68,9 +70,11 @@ _ENDINGS = {
     ".txt": "text",
     ".text": "text",
     ".tokens": "tokens",
+    ".npy": "flat",
+    ".bin": "flat",
 }
 # Endings that several formats use: who may claim a file before the ending's own format.
-_CLAIMS: dict[str, tuple[str, ...]] = {}
+_CLAIMS = {".bin": ("megatron",)}
 _MANIFEST = "index.json"  # MDS, LitData and tidal token directories describe their shards in it
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".br": "brotli", ".snappy": "snappy"}
 

@@ -54,6 +54,7 @@ Errors = Literal["raise", "skip"]
 Options = Mapping[str, Any]
 
 _MODULES = {
+    "csv": "tidal.formats.csv",
     "flat": "tidal.formats.flat",
     "jsonl": "tidal.formats.jsonl",
     "megatron": "tidal.formats.megatron",
@@ -70,6 +71,8 @@ _ENDINGS = {
     ".txt": "text",
     ".text": "text",
     ".tokens": "tokens",
+    ".csv": "csv",
+    ".tsv": "csv",
     ".npy": "flat",
     ".bin": "flat",
 }

@@ -149,9 +149,9 @@ class CsvReader:
     def __init__(self, path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors):
         self.path = path
         self._data = _bytes(path, source(path, info), compression)
-        self._checkpoints = info.get("checkpoints")
         self._rows = int(info["records"])
-        if self._checkpoints is None:  # compressed: found now, in the decompressed bytes
+        self._checkpoints: list[list[int]] = info.get("checkpoints") or []
+        if "checkpoints" not in info:  # compressed: found now, in the decompressed bytes
             _, self._checkpoints, self._rows = _layout(path, self._data)
         self._schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(info["schema"])))
         missing = [c for c in columns or [] if c not in self._schema.names]
@@ -190,15 +190,15 @@ class CsvReader:
                 raise RecordError(
                     f"unreadable rows {row}..{row + expected}: {exc}", path=self.path, line=line
                 ) from None
-            kept = np.zeros(expected, dtype=bool)
-            self._cached = (k, None, kept)
-            return None, kept
+            none = np.zeros(expected, dtype=bool)
+            self._cached = (k, None, none)
+            return None, none
         if table.num_rows + len(bad) != expected:
             raise FormatError(
                 f"{self.path}: {table.num_rows + len(bad)} rows from line {line}, expected {expected}; "
                 "was it changed after indexing?"
             )
-        kept = None
+        kept: np.ndarray | None = None
         if bad:
             if self._errors == "raise":
                 starts, _ = records(data)

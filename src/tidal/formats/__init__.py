@@ -54,6 +54,7 @@ Errors = Literal["raise", "skip"]
 Options = Mapping[str, Any]
 
 _MODULES = {
+    "arrow": "tidal.formats.arrow",
     "csv": "tidal.formats.csv",
     "flat": "tidal.formats.flat",
     "jsonl": "tidal.formats.jsonl",
@@ -72,6 +73,10 @@ _ENDINGS = {
     ".text": "text",
     ".tokens": "tokens",
     ".csv": "csv",
+    ".arrow": "arrow",
+    ".arrows": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
     ".tsv": "csv",
     ".npy": "flat",
     ".bin": "flat",

@@ -62,6 +62,7 @@ _MODULES = {
     "parquet": "tidal.formats.parquet",
     "text": "tidal.formats.text",
     "tokens": "tidal.formats.tokens",
+    "webdataset": "tidal.formats.webdataset",
 }
 _ENDINGS = {
     ".parquet": "parquet",
@@ -77,6 +78,7 @@ _ENDINGS = {
     ".arrows": "arrow",
     ".feather": "arrow",
     ".ipc": "arrow",
+    ".tar": "webdataset",
     ".tsv": "csv",
     ".npy": "flat",
     ".bin": "flat",

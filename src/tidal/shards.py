@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
-from tidal.formats import Errors, detect, known_ending, module
+from tidal.formats import Errors, check_schemas, detect, known_ending, module
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote, local_path, protocol, url_root
 
@@ -168,6 +168,7 @@ def _shards(files: list[str], entries: dict, root: str, format: str | None, erro
         shards.append(
             Shard(f, e["rows"], e["bytes"], e["format"], e.get("compression"), info, e.get("version"), e.get("hash"))
         )
+    check_schemas(shards)
     return shards
 
 

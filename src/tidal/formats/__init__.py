@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import IO, Any, Literal, Protocol
@@ -58,6 +58,7 @@ _MODULES = {
     "csv": "tidal.formats.csv",
     "flat": "tidal.formats.flat",
     "jsonl": "tidal.formats.jsonl",
+    "mds": "tidal.formats.mds",
     "megatron": "tidal.formats.megatron",
     "parquet": "tidal.formats.parquet",
     "text": "tidal.formats.text",
@@ -79,6 +80,7 @@ _ENDINGS = {
     ".feather": "arrow",
     ".ipc": "arrow",
     ".tar": "webdataset",
+    ".mds": "mds",
     ".tsv": "csv",
     ".npy": "flat",
     ".bin": "flat",
@@ -165,6 +167,23 @@ def detect(path: str, name: str | None = None, exists: Callable[[str], bool] | N
 def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[], IO[bytes]]:
     """Where a reader takes a file's bytes from: the one place that decides it, for every format."""
     return info.get("file", path)
+
+
+def check_schemas(shards: Sequence[Any]) -> None:
+    """Shards of one format must agree on their columns, where their scans recorded them
+    (``info["columns"]``: name to type or encoding): a clash named here, by file, beats a
+    record that decodes differently, or a batch that cannot be stacked, an hour later."""
+    first: dict[str, tuple[str, Any]] = {}
+    for shard in shards:
+        columns = shard.info.get("columns")
+        if columns is None:
+            continue
+        path, seen = first.setdefault(shard.format, (shard.path, columns))
+        if seen != columns:
+            raise FormatError(
+                f"{shard.path}: columns {columns} differ from {seen} of {path}; "
+                "read them as separate datasets (and tidal.mix them)"
+            )
 
 
 def check_options(name: str, options: Options | None) -> Options:

@@ -58,6 +58,7 @@ _MODULES = {
     "csv": "tidal.formats.csv",
     "flat": "tidal.formats.flat",
     "jsonl": "tidal.formats.jsonl",
+    "litdata": "tidal.formats.litdata",
     "mds": "tidal.formats.mds",
     "megatron": "tidal.formats.megatron",
     "parquet": "tidal.formats.parquet",
@@ -86,7 +87,7 @@ _ENDINGS = {
     ".bin": "flat",
 }
 # Endings that several formats use: who may claim a file before the ending's own format.
-_CLAIMS = {".bin": ("megatron",)}
+_CLAIMS = {".bin": ("megatron", "litdata")}
 _MANIFEST = "index.json"  # MDS, LitData and tidal token directories describe their shards in it
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".br": "brotli", ".snappy": "snappy"}
 

@@ -77,3 +77,13 @@ def test_unknown_option_is_an_error_not_a_no_op() -> None:
     assert check_options("mds", {"allow_pickle": True}) == {"allow_pickle": True}
     with pytest.raises(tidal.FormatError, match="unknown format option 'allow_pickles'"):
         check_options("mds", {"allow_pickles": True})
+
+
+def test_bz2_lines_and_a_stream_codec_that_is_not_supported(tmp_path: Path) -> None:
+    import bz2
+
+    (tmp_path / "a.jsonl.bz2").write_bytes(bz2.compress(b'{"id": 1}\n'))
+    assert list(tidal.Dataset(tmp_path / "a.jsonl.bz2")) == [{"id": 1}]
+    (tmp_path / "b.jsonl.br").write_bytes(b"x")
+    with pytest.raises(tidal.FormatError, match=r"b.jsonl.br: brotli is read whole"):
+        tidal.Dataset(tmp_path / "b.jsonl.br")

@@ -60,6 +60,7 @@ def test_not_arrow_is_a_format_error(tmp_path: Path) -> None:
     (tmp_path / "a.arrow").write_bytes(b"ARROW1 but then nothing")
     with pytest.raises(tidal.FormatError, match=r"a.arrow: not a readable Arrow"):
         tidal.Dataset(tmp_path / "a.arrow")
-    (tmp_path / "b.arrow").write_bytes(b"\x00" * 3)
-    with pytest.raises(tidal.FormatError, match=r"b.arrow: "):
-        tidal.Dataset(tmp_path / "b.arrow")
+    for i, data in enumerate([b"\x00" * 3, b"", b"\xff\xff\xff\xff\x10\x00\x00\x00garbage!"]):
+        (tmp_path / f"b{i}.arrows").write_bytes(data)
+        with pytest.raises(tidal.FormatError, match=rf"b{i}.arrows: "):
+            tidal.Dataset(tmp_path / f"b{i}.arrows")

@@ -64,7 +64,10 @@ def _scan_stream(path: str, src: Any) -> dict:
     dictionaries = False
     with open_stream(path, src) as f:
         messages = pa.ipc.MessageReader.open_stream(f)
-        first = messages.read_next_message()
+        try:
+            first = messages.read_next_message()
+        except StopIteration:
+            raise FormatError(f"{path}: an empty Arrow stream: no schema") from None
         if first.type != "schema":
             raise FormatError(f"{path}: an Arrow stream must start with its schema, not a {first.type} message")
         while True:
@@ -115,18 +118,24 @@ class ArrowReader:
         self._all: pa.Table | None = None  # a stream without offsets, read whole once
 
     def _batch(self, i: int) -> pa.RecordBatch | pa.Table:
+        """Record batch ``i``, fully validated: Arrow trusts IPC buffers, a damaged file must not crash a decode."""
         try:
-            if self._kind == "file":
-                return self._reader.get_batch(i)
-            if self._offsets is None:
-                if self._all is None:
-                    self._file.seek(0)
-                    self._all = pa.ipc.open_stream(self._file).read_all()
-                return self._all.slice(int(self._starts[i]), int(self._starts[i + 1] - self._starts[i]))
-            self._file.seek(self._offsets[i])
-            return pa.ipc.read_record_batch(pa.ipc.read_message(self._file), self._schema)
+            batch = self._read_batch(i)
+            batch.validate(full=True)
+            return batch
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{self.path}: unreadable record batch {i}: {exc}") from None
+
+    def _read_batch(self, i: int) -> pa.RecordBatch | pa.Table:
+        if self._kind == "file":
+            return self._reader.get_batch(i)
+        if self._offsets is None:
+            if self._all is None:
+                self._file.seek(0)
+                self._all = pa.ipc.open_stream(self._file).read_all()
+            return self._all.slice(int(self._starts[i]), int(self._starts[i + 1] - self._starts[i]))
+        self._file.seek(self._offsets[i])
+        return pa.ipc.read_record_batch(pa.ipc.read_message(self._file), self._schema)
 
     def read(self, start: int, stop: int) -> Piece:
         parts = []

@@ -41,7 +41,7 @@ def _npy_header(path: str, src: Any) -> tuple[np.dtype, int, int]:
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(f)
         offset = f.tell()
-    except (ValueError, OSError, SyntaxError) as exc:
+    except (ValueError, OSError, SyntaxError, KeyError, TypeError, EOFError) as exc:
         raise FormatError(f"{path}: not a readable .npy file: {exc}") from None
     finally:
         f.close()

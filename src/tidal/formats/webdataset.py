@@ -87,15 +87,13 @@ def _members(path: str, tf: tarfile.TarFile, size: int | None) -> Any:
 
 
 def _open_tar(path: str, src: Any, compression: str | None) -> tuple[tarfile.TarFile, IO[bytes]]:
+    if compression is not None and not isinstance(src, str):
+        raise FormatError(f"{path}: a compressed tar is read from a local file")
+    f = open_stream(path, src) if compression is None else open_binary(src, compression)
     try:
-        if compression is None:
-            f = open_stream(path, src)
-            return tarfile.open(fileobj=f, mode="r:"), f
-        if not isinstance(src, str):
-            raise FormatError(f"{path}: a compressed tar is read from a local file")
-        f = open_binary(src, compression)
-        return tarfile.open(fileobj=f, mode="r|"), f
-    except tarfile.TarError as exc:
+        return tarfile.open(fileobj=f, mode="r:" if compression is None else "r|"), f
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        f.close()
         raise FormatError(f"{path}: not a readable tar: {exc}") from None
 
 
@@ -210,7 +208,7 @@ class TarReader:
                         raise ValueError(f"no field {missing[0]!r} (fields: {', '.join(sorted(fields))})")
                     fields = {c: fields[c] for c in self._columns if c != "__key__"}
                 rec = {"__key__": key, **{f: decode(f, d) for f, d in fields.items()}}
-            except (ValueError, JSONDecodeError) as exc:  # UnicodeDecodeError is a ValueError
+            except (ValueError, JSONDecodeError, OSError, EOFError) as exc:  # UnicodeDecodeError is a ValueError
                 if self._errors == "raise":
                     raise RecordError(f"sample {key!r}: {exc}", path=self.path, row=start + i) from None
                 if valid is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 from collections.abc import Callable
@@ -100,7 +101,5 @@ def test_flipped_and_truncated_bytes_raise_only_tidal_errors(tmp_path: Path, kin
             idx.write_bytes(bytes(raw))
             damaged = bytearray(data)
         copy.write_bytes(bytes(damaged))
-        try:
+        with contextlib.suppress(tidal.TidalError):  # anything else fails the test
             list(tidal.Dataset(copy))
-        except tidal.TidalError:
-            pass

@@ -23,11 +23,15 @@ cannot tell:
   ``index.json`` of its directory). The file goes to the first that claims it, else to the
   ending's own format.
 - ``index.json`` is the manifest of an MDS, LitData or tidal token directory, never a
-  shard: a directory listing leaves it out (the shards beside it are self-describing), and
-  naming it alone is an error that says to pass its directory (or ``format="jsonl"``).
+  shard: a directory listing leaves it out (a format that needs its facts reads them when
+  it scans a shard), and naming it alone is an error that says to pass its directory (or
+  ``format="jsonl"``).
 
 ``format=`` overrides all of this. Nothing is read to detect a format, so detection is the
 same for a local file and a remote one; only ``exists`` differs (a listing can answer it).
+
+**Schemas**: a scan may record ``columns`` (name to type); :func:`check_schemas` then refuses
+shards of one format that disagree, naming the file.
 
 **Options** (``open(..., options=)``) are the few switches a user may flip, one flat dict
 checked against ``OPTIONS`` (an unknown key is an error, never ignored): see each format.

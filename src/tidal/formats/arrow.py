@@ -1,5 +1,6 @@
-"""Arrow IPC: the file format (``.arrow``, ``.feather`` v2) and the stream format (``.arrows``
-style streams under the same endings), with column projection, opened at any row.
+"""Arrow IPC: the file format (``.arrow``, ``.feather`` v2, ``.ipc``) and the stream format
+(``.arrows``, or any of those endings: the first bytes tell), with column projection, opened
+at any row.
 
 A file-format file has a footer that locates every record batch, so a reader memory-maps it
 and reads just the batches a slice needs. A stream has no footer: scan records the byte

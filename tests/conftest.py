@@ -68,6 +68,7 @@ def mds_writer() -> type:
             del sys.modules[name]
         package = types.ModuleType("streaming")
         package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec  # find_spec("streaming") keeps working
         sys.modules["streaming"] = package
         from streaming.base.format.mds.writer import MDSWriter
 

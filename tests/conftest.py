@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -41,6 +42,37 @@ def make_shards(root: Path, sizes: list[int], kinds: tuple[str, ...] = ("jsonl",
             write_jsonl(path, recs, {"jsonl": None, "jsonl.gz": "gzip", "jsonl.zst": "zstd"}[kind])
         start += n
     return root
+
+
+@functools.cache
+def mds_writer() -> type:
+    """Mosaic ``streaming``'s real ``MDSWriter``, or skip the test where it is not installed.
+
+    ``import streaming`` also imports its vision datasets, hence torchvision, which fails to
+    import beside the CPU build of torch this project pins; the writer needs none of it, so
+    when the package cannot be imported whole its submodules are loaded on their own.
+    """
+    import importlib.util
+    import sys
+    import types
+
+    spec = importlib.util.find_spec("streaming")
+    if spec is None or spec.submodule_search_locations is None:
+        pytest.skip("mosaicml-streaming is not installed")
+    try:
+        from streaming import MDSWriter
+
+        return MDSWriter
+    except (ImportError, RuntimeError):
+        for name in [m for m in sys.modules if m == "streaming" or m.startswith("streaming.")]:
+            del sys.modules[name]
+        package = types.ModuleType("streaming")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec  # find_spec("streaming") keeps working
+        sys.modules["streaming"] = package
+        from streaming.base.format.mds.writer import MDSWriter
+
+        return MDSWriter
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tidal.formats import Errors
+from tidal.formats import Errors, check_options
 from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
 from tidal.stages import Stage, walk
@@ -42,9 +42,12 @@ class Dataset:
     ...     batch["text"]  # a list of 8 strings
 
     ``src`` is a file, a directory (searched recursively for known file endings), a glob
-    (``**`` included) or a list of them. ``format`` forces a reader (``"parquet"``,
-    ``"jsonl"``, ``"text"``) instead of guessing from file endings. ``errors="skip"`` drops
-    malformed records and counts them instead of raising.
+    (``**`` included) or a list of them. The format of each file is detected from its ending
+    and its siblings; ``format`` forces one (see :func:`tidal.formats.formats`).
+    ``format_options`` go to the readers: ``allow_pickle`` (MDS and LitData ``pkl`` columns,
+    refused by default: unpickling runs code from the data), ``decode_images`` (MDS image
+    columns as PIL images), ``dtype`` (headerless token ``.bin`` files; default uint16).
+    ``errors="skip"`` drops malformed records and counts them instead of raising.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class Dataset:
         format: str | None = None,
         errors: Errors = "raise",
         *,
+        format_options: dict[str, Any] | None = None,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
@@ -71,6 +75,7 @@ class Dataset:
 
         >>> tidal.Dataset("s3://bucket/web/*.parquet", columns=["text"], cache_limit="20GB")
         """
+        options = check_options(format or "", format_options)
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
         if isinstance(columns, str):
@@ -92,6 +97,7 @@ class Dataset:
             shards_per_block=DEFAULT_SHARDS_PER_BLOCK,
             epochs=1,
             storage=settings if any(is_remote(s.path) for s in shards) else None,
+            options=dict(options),
         )
         self._init(Read(plan))
 

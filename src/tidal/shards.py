@@ -31,7 +31,7 @@ from typing import Any
 
 from tidal import env
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
-from tidal.formats import Errors, detect, known_ending, module
+from tidal.formats import Errors, check_schemas, detect, known_ending, module
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.urls import local_path, protocol, url_root
@@ -94,7 +94,9 @@ def _local_files(entry: str | os.PathLike) -> list[str]:
         found = []
         for d, dirs, names in os.walk(path):
             dirs[:] = [x for x in dirs if not x.startswith(".")]
-            found += [os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(f)]
+            found += [
+                os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(os.path.join(d, f))
+            ]
         found.sort()
         if not found:
             raise SourceError(f"{entry}: the directory holds no file tidal can read")
@@ -160,6 +162,7 @@ def _shards(files: list[str], entries: dict, root: str, format: str | None, erro
         shards.append(
             Shard(f, e["rows"], e["bytes"], e["format"], e.get("compression"), info, e.get("version"), e.get("hash"))
         )
+    check_schemas(shards)
     return shards
 
 

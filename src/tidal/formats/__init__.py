@@ -1,17 +1,40 @@
-"""File formats behind one interface, found by file ending through a lazy registry.
+"""File formats behind one interface, found from the files themselves through a lazy registry.
 
 A format module has a ``NAME`` and two functions:
 
 - ``scan(path, compression, file=None) -> dict``: what the index keeps about one file:
   ``rows`` and whatever the format needs to open the file at a row later (row groups, line
-  offsets).
-- ``open(path, compression, info, columns, errors) -> Reader``: a reader whose
+  offsets, sample offsets).
+- ``open(path, compression, info, columns, errors, options=None) -> Reader``: a reader whose
   ``read(start, stop)`` returns the records of rows ``[start, stop)`` as a :class:`Piece`.
 
 ``path`` names the file in messages; the bytes come from ``file`` (scan) or
-``info.get("file", path)`` (open): a local path, the shard cache's copy of a remote file,
-or for Parquet an opener that reads the remote file by ranges. A format that reads its
-bytes this way works on every source tidal can list.
+:func:`source` (open): a local path, the shard cache's copy of a remote file, or for
+Parquet an opener that reads the remote file by ranges. A format that reads its bytes this
+way works on every source tidal can list.
+
+**Detection** (:func:`detect`) is by file ending, plus two rules for what an ending alone
+cannot tell:
+
+- an ending several formats use (``.bin``: Megatron-LM, LitData, flat tokens) lists, in
+  ``_CLAIMS``, the formats that may claim the file first; each such module has
+  ``claims(path, exists) -> bool``, which looks only at the file's name and whether sibling
+  files exist (a Megatron ``.bin`` has its ``.idx``; a LitData chunk ``chunk-*.bin`` has the
+  ``index.json`` of its directory). The file goes to the first that claims it, else to the
+  ending's own format.
+- ``index.json`` is the manifest of an MDS, LitData or tidal token directory, never a
+  shard: a directory listing leaves it out (a format that needs its facts reads them when
+  it scans a shard), and naming it alone is an error that says to pass its directory (or
+  ``format="jsonl"``).
+
+``format=`` overrides all of this. Nothing is read to detect a format, so detection is the
+same for a local file and a remote one; only ``exists`` differs (a listing can answer it).
+
+**Schemas**: a scan may record ``columns`` (name to type); :func:`check_schemas` then refuses
+shards of one format that disagree, naming the file.
+
+**Options** (``open(..., options=)``) are the few switches a user may flip, one flat dict
+checked against ``OPTIONS`` (an unknown key is an error, never ignored): see each format.
 
 Adding a format is one module and one line in ``_MODULES`` and ``_ENDINGS``.
 """
@@ -19,9 +42,11 @@ Adding a format is one module and one line in ``_MODULES`` and ``_ENDINGS``.
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Literal, Protocol
+from typing import IO, Any, Literal, Protocol
 
 import numpy as np
 
@@ -30,10 +55,20 @@ from tidal.tables import Table
 
 Errors = Literal["raise", "skip"]
 
+Options = Mapping[str, Any]
+
 _MODULES = {
-    "parquet": "tidal.formats.parquet",
+    "arrow": "tidal.formats.arrow",
+    "csv": "tidal.formats.csv",
+    "flat": "tidal.formats.flat",
     "jsonl": "tidal.formats.jsonl",
+    "litdata": "tidal.formats.litdata",
+    "mds": "tidal.formats.mds",
+    "megatron": "tidal.formats.megatron",
+    "parquet": "tidal.formats.parquet",
     "text": "tidal.formats.text",
+    "tokens": "tidal.formats.tokens",
+    "webdataset": "tidal.formats.webdataset",
 }
 _ENDINGS = {
     ".parquet": "parquet",
@@ -43,8 +78,29 @@ _ENDINGS = {
     ".json": "jsonl",
     ".txt": "text",
     ".text": "text",
+    ".tokens": "tokens",
+    ".csv": "csv",
+    ".arrow": "arrow",
+    ".arrows": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+    ".tar": "webdataset",
+    ".mds": "mds",
+    ".tsv": "csv",
+    ".npy": "flat",
+    ".bin": "flat",
 }
-_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+# Endings that several formats use: who may claim a file before the ending's own format.
+_CLAIMS = {".bin": ("megatron", "litdata")}
+_MANIFEST = "index.json"  # MDS, LitData and tidal token directories describe their shards in it
+_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".br": "brotli", ".snappy": "snappy"}
+
+# Every option a format reads, and which formats read it (see each module's docstring).
+OPTIONS = {
+    "allow_pickle": ("mds", "litdata"),  # unpickle `pkl`/`pickle` columns: runs code from the data
+    "decode_images": ("mds",),  # jpeg/png/pil columns as PIL images instead of their bytes
+    "dtype": ("flat",),  # the token type of a headerless .bin (default uint16, as nanoGPT writes)
+}
 
 
 @dataclass
@@ -67,16 +123,22 @@ def formats() -> list[str]:
     return sorted(_MODULES)
 
 
-def known_ending(path: str) -> bool:
+def known_ending(path: str, exists: Callable[[str], bool] | None = None) -> bool:
+    """Whether a directory listing should keep ``path`` (its full path: siblings can decide)."""
     try:
-        detect(path)
+        detect(path, exists=exists)
     except FormatError:
         return False
     return True
 
 
-def detect(path: str, name: str | None = None) -> tuple[str, str | None]:
-    """``(format name, compression or None)`` for a path, from its ending unless ``name`` is given."""
+def detect(path: str, name: str | None = None, exists: Callable[[str], bool] | None = None) -> tuple[str, str | None]:
+    """``(format name, compression or None)`` for a path; ``name`` (``format=``) overrides.
+
+    ``exists`` tells whether a sibling path exists; by default the local file system for a
+    local path. For a URL without it, an ending that sibling files decide (``.bin``) is an
+    error asking for ``format=`` rather than a guess.
+    """
     stem, compression = path.lower(), None
     for ending, comp in _COMPRESSIONS.items():
         if stem.endswith(ending):
@@ -86,10 +148,56 @@ def detect(path: str, name: str | None = None) -> tuple[str, str | None]:
         if name not in _MODULES:
             raise FormatError(f"unknown format {name!r}; known: {', '.join(formats())}")
         return name, compression
-    for ending, fmt in _ENDINGS.items():
-        if stem.endswith(ending):
-            return fmt, compression
-    raise FormatError(f"{path}: no reader for this file ending; pass format= (one of {', '.join(formats())})")
+    if os.path.basename(stem) == _MANIFEST:
+        raise FormatError(
+            f"{path}: the index.json of an MDS, LitData or tidal token directory describes its shards and "
+            "holds no records: pass the directory (or format='jsonl' if it really is JSON lines)"
+        )
+    ending = os.path.splitext(stem)[1]
+    fmt = _ENDINGS.get(ending)
+    if fmt is None:
+        raise FormatError(f"{path}: no reader for this file ending; pass format= (one of {', '.join(formats())})")
+    claimants = _CLAIMS.get(ending, ())
+    if claimants:
+        if exists is None:
+            if "://" in path:
+                raise FormatError(f"{path}: a remote {ending} file is read as one of several formats; pass format=")
+            exists = os.path.exists
+        for other in claimants:
+            if module(other).claims(path, exists):
+                return other, compression
+    return fmt, compression
+
+
+def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[], IO[bytes]]:
+    """Where a reader takes a file's bytes from: the one place that decides it, for every format."""
+    return info.get("file", path)
+
+
+def check_schemas(shards: Sequence[Any]) -> None:
+    """Shards of one format must agree on their columns, where their scans recorded them
+    (``info["columns"]``: name to type or encoding): a clash named here, by file, beats a
+    record that decodes differently, or a batch that cannot be stacked, an hour later."""
+    first: dict[str, tuple[str, Any]] = {}
+    for shard in shards:
+        columns = shard.info.get("columns")
+        if columns is None:
+            continue
+        path, seen = first.setdefault(shard.format, (shard.path, columns))
+        if seen != columns:
+            raise FormatError(
+                f"{shard.path}: columns {columns} differ from {seen} of {path}; "
+                "read them as separate datasets (and tidal.mix them)"
+            )
+
+
+def check_options(name: str, options: Options | None) -> Options:
+    """``options`` with every key known (an unknown one is a typo, not a no-op)."""
+    options = options or {}
+    unknown = sorted(k for k in options if k not in OPTIONS)
+    if unknown:
+        raise FormatError(f"unknown format option {unknown[0]!r}; known: {', '.join(sorted(OPTIONS))}")
+    return options
 
 
 def module(name: str) -> ModuleType:

@@ -8,7 +8,7 @@ import numpy as np
 from orjson import JSONDecodeError, loads
 
 from tidal.errors import RecordError
-from tidal.formats import Errors, Piece
+from tidal.formats import Errors, Options, Piece
 from tidal.formats.lines import LineReader, scan
 
 NAME = "jsonl"
@@ -51,5 +51,12 @@ class JsonlReader:
         self._lines.close()
 
 
-def open(path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors) -> JsonlReader:  # noqa: A001
+def open(  # noqa: A001
+    path: str,
+    compression: str | None,
+    info: dict,
+    columns: list[str] | None,
+    errors: Errors,
+    options: Options | None = None,
+) -> JsonlReader:
     return JsonlReader(path, compression, info, columns, errors)

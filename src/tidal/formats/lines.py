@@ -11,12 +11,13 @@ remote shard's local copy in the shard cache, passed as ``info["file"]`` or ``fi
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 from collections.abc import Iterator
 from typing import IO, cast
 
-from tidal.errors import TidalError
+from tidal.errors import FormatError, TidalError
 
 CHECKPOINT_ROWS = 4096
 _PIECE = 1 << 22
@@ -25,6 +26,10 @@ _PIECE = 1 << 22
 def open_binary(path: str, compression: str | None) -> IO[bytes]:
     if compression == "gzip":
         return cast(IO[bytes], gzip.open(path, "rb"))
+    if compression == "bz2":
+        return cast(IO[bytes], bz2.open(path, "rb"))
+    if compression not in (None, "zstd"):
+        raise FormatError(f"{path}: {compression} is read whole by the formats that use it, not as a stream")
     raw = open(path, "rb")  # noqa: SIM115 - the caller closes it
     if compression is None:
         return raw

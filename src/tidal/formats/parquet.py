@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Piece
+from tidal.formats import Errors, Options, Piece
 
 NAME = "parquet"
 
@@ -108,5 +108,12 @@ class ParquetReader:
         self._file.close(force=True)  # also a file object it was given
 
 
-def open(path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors) -> ParquetReader:  # noqa: A001
+def open(  # noqa: A001
+    path: str,
+    compression: str | None,
+    info: dict,
+    columns: list[str] | None,
+    errors: Errors,
+    options: Options | None = None,
+) -> ParquetReader:
     return ParquetReader(path, info, columns, errors)

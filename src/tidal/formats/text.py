@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import FormatError, RecordError
-from tidal.formats import Errors, Piece
+from tidal.formats import Errors, Options, Piece
 from tidal.formats.lines import LineReader, scan
 
 NAME = "text"
@@ -43,5 +43,12 @@ class TextReader:
         self._lines.close()
 
 
-def open(path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors) -> TextReader:  # noqa: A001
+def open(  # noqa: A001
+    path: str,
+    compression: str | None,
+    info: dict,
+    columns: list[str] | None,
+    errors: Errors,
+    options: Options | None = None,
+) -> TextReader:
     return TextReader(path, compression, info, columns, errors)

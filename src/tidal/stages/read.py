@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,6 +39,7 @@ class ReadPlan:
     shards_per_block: int
     epochs: int | None  # None: forever
     storage: Storage | None = None  # how to reach remote shards; None when every shard is local
+    options: dict = field(default_factory=dict)  # format options (tidal.formats.OPTIONS)
 
     @property
     def total(self) -> int:
@@ -58,7 +59,7 @@ class Read(Stage):
     def describe(self) -> list:
         p = self.plan
         shards = [(os.path.basename(s.path), s.rows) for s in p.shards]
-        return [["Read", shards, p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs]]
+        return [["Read", shards, p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs, p.options]]
 
     def call(self) -> str:
         p = self.plan
@@ -256,7 +257,8 @@ class ReadIterator(StageIterator):
             if remote is not None and remote.is_remote(index):
                 info = {**info, "file": remote.open(index)}  # a held local copy, or ranged reads
             try:
-                reader = module(shard.format).open(shard.path, shard.compression, info, columns, self._plan.errors)
+                fmt = module(shard.format)
+                reader = fmt.open(shard.path, shard.compression, info, columns, self._plan.errors, self._plan.options)
             except BaseException:
                 if remote is not None:
                     remote.release(index)

@@ -1,0 +1,173 @@
+"""Arrow IPC: the file format (``.arrow``, ``.feather`` v2, ``.ipc``) and the stream format
+(``.arrows``, or any of those endings: the first bytes tell), with column projection, opened
+at any row.
+
+A file-format file has a footer that locates every record batch, so a reader memory-maps it
+and reads just the batches a slice needs. A stream has no footer: scan records the byte
+offset of every record batch message, and a reader seeks to the batch it needs and decodes
+that one message against the stream's schema. Either way opening at a row costs one record
+batch. Streams with dictionary-encoded columns (whose dictionaries come as separate messages)
+are read from the start instead: correct, just not cheap to open late.
+
+The index keeps each batch's row count (and, for streams, offset), so rows map to batches
+without opening the file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tidal.errors import FormatError, StorageError
+from tidal.formats import Errors, Options, Piece, source
+from tidal.formats.binary import open_stream
+
+NAME = "arrow"
+__all__ = ["NAME", "open", "scan"]
+
+FILE_MAGIC = b"ARROW1"
+
+
+def _is_file(path: str, src: Any) -> bool:
+    f = open_stream(path, src)
+    try:
+        return f.read(6) == FILE_MAGIC
+    finally:
+        f.close()
+
+
+def _arrow_error(path: str, exc: Exception) -> FormatError:
+    return FormatError(f"{path}: not a readable Arrow IPC file or stream: {exc}")
+
+
+def scan(path: str, compression: str | None, file: Any = None) -> dict:
+    src = file or path
+    if compression is not None:
+        raise FormatError(f"{path}: Arrow IPC compresses inside the file; a {compression} wrapper is not supported")
+    try:
+        if _is_file(path, src):
+            with pa.memory_map(src) if isinstance(src, str) else open_stream(path, src) as f:
+                reader = pa.ipc.open_file(f)
+                batches = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+                schema = reader.schema
+            return {"rows": sum(batches), "batches": batches, "kind": "file", "columns": _columns(schema)}
+        return _scan_stream(path, src)
+    except StorageError:
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        raise _arrow_error(path, exc) from None
+
+
+def _scan_stream(path: str, src: Any) -> dict:
+    offsets: list[int] = []
+    dictionaries = False
+    with open_stream(path, src) as f:
+        messages = pa.ipc.MessageReader.open_stream(f)
+        try:
+            first = messages.read_next_message()
+        except StopIteration:
+            raise FormatError(f"{path}: an empty Arrow stream: no schema") from None
+        if first.type != "schema":
+            raise FormatError(f"{path}: an Arrow stream must start with its schema, not a {first.type} message")
+        while True:
+            at = f.tell()
+            try:
+                msg = messages.read_next_message()
+            except StopIteration:
+                break
+            dictionaries |= msg.type == "dictionary"
+            if msg.type == "record batch":
+                offsets.append(at)
+    with open_stream(path, src) as f:  # rows per batch: the reader that resolves dictionaries
+        reader = pa.ipc.open_stream(f)
+        batches = [b.num_rows for b in reader]
+        schema = reader.schema
+    info: dict = {"rows": sum(batches), "batches": batches, "kind": "stream", "columns": _columns(schema)}
+    if not dictionaries:
+        info["offsets"] = offsets
+    return info
+
+
+def _columns(schema: pa.Schema) -> dict[str, str]:
+    return {f.name: str(f.type) for f in schema}
+
+
+class ArrowReader:
+    def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors):
+        self.path = path
+        self._src = source(path, info)
+        self._kind = info.get("kind", "file")
+        self._starts = np.concatenate([[0], np.cumsum(info["batches"])]).astype(np.int64)
+        self._offsets = info.get("offsets")
+        self._file: Any = None
+        try:
+            if self._kind == "file":
+                self._file = pa.memory_map(self._src) if isinstance(self._src, str) else open_stream(path, self._src)
+                self._reader = pa.ipc.open_file(self._file)
+                self._schema = self._reader.schema
+            else:
+                self._file = pa.memory_map(self._src) if isinstance(self._src, str) else open_stream(path, self._src)
+                self._schema = pa.ipc.open_stream(self._file).schema
+        except (pa.ArrowException, OSError) as exc:
+            raise _arrow_error(path, exc) from None
+        missing = [c for c in columns or [] if c not in self._schema.names]
+        if missing:
+            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
+        self._columns = columns
+        self._all: pa.Table | None = None  # a stream without offsets, read whole once
+
+    def _batch(self, i: int) -> pa.RecordBatch | pa.Table:
+        """Record batch ``i``, fully validated: Arrow trusts IPC buffers, a damaged file must not crash a decode."""
+        try:
+            batch = self._read_batch(i)
+            batch.validate(full=True)
+            return batch
+        except (pa.ArrowException, OSError) as exc:
+            raise FormatError(f"{self.path}: unreadable record batch {i}: {exc}") from None
+
+    def _read_batch(self, i: int) -> pa.RecordBatch | pa.Table:
+        if self._kind == "file":
+            return self._reader.get_batch(i)
+        if self._offsets is None:
+            if self._all is None:
+                self._file.seek(0)
+                self._all = pa.ipc.open_stream(self._file).read_all()
+            return self._all.slice(int(self._starts[i]), int(self._starts[i + 1] - self._starts[i]))
+        self._file.seek(self._offsets[i])
+        return pa.ipc.read_record_batch(pa.ipc.read_message(self._file), self._schema)
+
+    def read(self, start: int, stop: int) -> Piece:
+        parts = []
+        b = int(np.searchsorted(self._starts, start, side="right")) - 1
+        pos = start
+        while pos < stop:
+            b_start, b_stop = int(self._starts[b]), int(self._starts[b + 1])
+            end = min(stop, b_stop)
+            batch = self._batch(b)
+            if self._columns is not None:
+                batch = batch.select(self._columns)
+            part = batch.slice(pos - b_start, end - pos)
+            parts.append(part if isinstance(part, pa.Table) else pa.Table.from_batches([part]))
+            pos, b = end, b + 1
+        if not parts:
+            return Piece(self._schema.empty_table().select(self._columns or self._schema.names))
+        return Piece(pa.concat_tables(parts))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
+        self._all = None
+
+
+def open(  # noqa: A001
+    path: str,
+    compression: str | None,
+    info: dict,
+    columns: list[str] | None,
+    errors: Errors,
+    options: Options | None = None,
+) -> ArrowReader:
+    return ArrowReader(path, info, columns, errors)

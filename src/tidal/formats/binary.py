@@ -1,0 +1,124 @@
+"""Helpers the binary formats share: whole-file reads, read-only memory maps, bounds checks.
+
+Every failure of the underlying libraries (a truncated zstd frame, an unmappable file) becomes
+a :class:`~tidal.errors.FormatError` that names the file, so no raw exception from a
+dependency leaves a format module.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import mmap
+from typing import IO, Any
+
+import numpy as np
+
+from tidal.errors import FormatError
+
+
+def read_all(path: str, src: Any, compression: str | None) -> bytes:
+    """The whole (decompressed) content of ``src``; errors name ``path``."""
+    try:
+        if hasattr(src, "read"):
+            data = src.read()
+        elif callable(src):
+            with src() as f:
+                data = f.read()
+        else:
+            with open(src, "rb") as f:
+                data = f.read()
+        return decompress(path, data, compression)
+    except FormatError:
+        raise
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc}") from None
+
+
+def decompress(path: str, data: bytes, compression: str | None) -> bytes:
+    try:
+        if compression is None:
+            return data
+        if compression == "gzip":
+            return gzip.decompress(data)
+        if compression == "bz2":
+            return bz2.decompress(data)
+        if compression == "zstd":
+            import io
+
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as r:
+                return r.read()
+        if compression == "brotli":
+            import brotli
+
+            return bytes(brotli.decompress(data))
+        if compression == "snappy":
+            import snappy
+
+            return bytes(snappy.decompress(data))
+    except ImportError as exc:
+        raise FormatError(f"{path}: {compression} needs a package: {exc}") from None
+    except Exception as exc:  # each codec raises its own error type for corrupt input
+        raise FormatError(f"{path}: not valid {compression} data: {exc}") from None
+    raise FormatError(f"{path}: unsupported compression {compression!r}")
+
+
+def mapped(path: str, src: Any) -> np.ndarray:
+    """A read-only ``uint8`` view of a local file's bytes, zero-copy through ``mmap``.
+
+    The map is never closed explicitly: arrays cut from it (records handed to the user) keep
+    it alive, and it goes when the last of them does.
+    """
+    if not isinstance(src, str):
+        data = src.read() if hasattr(src, "read") else src().read() if callable(src) else None
+        if data is None:
+            raise FormatError(f"{path}: cannot read from {type(src).__name__}")
+        return np.frombuffer(data, dtype=np.uint8)
+    try:
+        with open(src, "rb") as f:
+            if f.seek(0, 2) == 0:
+                return np.zeros(0, dtype=np.uint8)
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: cannot map the file: {exc}") from None
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+def view(path: str, buf: np.ndarray, offset: int, dtype: Any, count: int, what: str) -> np.ndarray:
+    """``count`` items of ``dtype`` at byte ``offset`` of ``buf``, or a FormatError saying what is cut off."""
+    dt = np.dtype(dtype)
+    end = offset + dt.itemsize * count
+    if offset < 0 or count < 0 or end > len(buf):
+        raise FormatError(f"{path}: truncated or corrupt: {what} needs bytes {offset}..{end}, the file has {len(buf)}")
+    return buf[offset:end].view(dt)
+
+
+def check_offsets(path: str, offsets: np.ndarray, low: int, high: int, what: str) -> None:
+    """Offsets must start at ``low``, never decrease and end at ``high`` (a hostile file fails here)."""
+    if len(offsets) == 0:
+        raise FormatError(f"{path}: no {what} offsets")
+    if int(offsets[0]) != low or int(offsets[-1]) != high:
+        raise FormatError(
+            f"{path}: corrupt {what} offsets: they run {int(offsets[0])}..{int(offsets[-1])}, expected {low}..{high}"
+        )
+    if len(offsets) > 1:
+        bad = np.flatnonzero(np.diff(offsets.astype(np.int64)) < 0)
+        if len(bad):
+            i = int(bad[0])
+            raise FormatError(
+                f"{path}: corrupt {what} offsets: offset {i + 1} ({int(offsets[i + 1])}) is before offset {i}"
+            )
+
+
+def open_stream(path: str, src: Any) -> IO[bytes]:
+    """A binary file object for ``src`` (a local path, a file object or an opener)."""
+    try:
+        if hasattr(src, "read"):
+            return src
+        if callable(src):
+            return src()
+        return open(src, "rb")
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot open: {exc}") from None

@@ -1,0 +1,249 @@
+"""CSV and TSV (also .gz/.zst): parsed by Arrow in segments, opened at any row.
+
+A record ends at a newline outside double quotes (RFC 4180: a quote inside a quoted field is
+doubled; ``\\n`` or ``\\r\\n`` line ends); empty lines are not records; the first record is the
+header. Scanning finds record boundaries with numpy (quote parity, no per-line Python) and
+keeps a checkpoint every ``SEGMENT_ROWS`` rows: row, byte offset, line. A reader parses the
+segment holding the rows asked for (at most ``SEGMENT_ROWS`` rows, one kept in memory),
+so opening at any row costs one segment, never the file up to it.
+
+Column types are inferred once, at scan, from the whole file (Arrow's inference; a column
+whose values do not all convert is read as strings), so every segment of every reader parses
+to the same schema. A row with the wrong number of fields is a
+:class:`~tidal.errors.RecordError` naming the file and line, or is dropped under
+``errors="skip"``; a value that does not convert to its column's type fails its whole
+segment the same way.
+
+A compressed file is decompressed into memory when a reader opens it (its checkpoints are
+found then): fine for the small files people compress; store large ones plain or as Parquet.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pc
+
+from tidal.errors import FormatError, RecordError
+from tidal.formats import Errors, Options, Piece, source
+from tidal.formats.binary import mapped, read_all
+
+NAME = "csv"
+__all__ = ["NAME", "SEGMENT_ROWS", "open", "records", "scan"]
+
+SEGMENT_ROWS = 4096
+_WINDOW = 1 << 24
+
+
+def _delimiter(path: str) -> str:
+    stem = path.lower()
+    for c in (".gz", ".zst", ".zstd", ".bz2"):
+        stem = stem.removesuffix(c)
+    return "\t" if stem.endswith(".tsv") else ","
+
+
+def records(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end byte offsets of the non-empty records of ``data`` (a uint8 array)."""
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    parity = 0
+    record_start = 0
+    for w in range(0, len(data), _WINDOW):
+        chunk = data[w : w + _WINDOW]
+        quotes = np.cumsum(chunk == 34, dtype=np.int64) + parity
+        cut = np.flatnonzero((chunk == 10) & (quotes % 2 == 0)) + w
+        parity = int(quotes[-1]) % 2
+        e = cut
+        s = np.concatenate([[record_start], cut[:-1] + 1]) if len(cut) else np.zeros(0, dtype=np.int64)
+        if len(cut):
+            record_start = int(cut[-1]) + 1
+        starts.append(s)
+        ends.append(e)
+    if record_start < len(data):  # a last record without a newline
+        starts.append(np.array([record_start]))
+        ends.append(np.array([len(data)]))
+    s = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+    e = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
+    length = e - s
+    keep = length > 0
+    cr = keep & (length == 1)
+    if cr.any():  # a line holding only "\r" is empty too
+        keep[cr] = data[s[cr]] != 13
+    return s[keep].astype(np.int64), e[keep].astype(np.int64)
+
+
+def _line(data: np.ndarray, offset: int) -> int:
+    return int(np.count_nonzero(data[:offset] == 10)) + 1
+
+
+def _layout(path: str, data: np.ndarray) -> tuple[bytes, list[list[int]], int]:
+    """The header record, checkpoints ``[row, offset, line]`` and the number of rows."""
+    if len(data) == 0:
+        raise FormatError(f"{path}: empty: a CSV file needs at least a header line")
+    starts, ends = records(data)
+    if len(starts) == 0:
+        raise FormatError(f"{path}: no header line")
+    header = data[starts[0] : ends[0]].tobytes()
+    rows = len(starts) - 1
+    at = np.arange(1, len(starts), SEGMENT_ROWS)
+    checkpoints = []
+    line, prev = 1, 0
+    for r in at.tolist():
+        offset = int(starts[r])
+        line += int(np.count_nonzero(data[prev:offset] == 10))  # linear in the file, once
+        checkpoints.append([r - 1, offset, line])
+        prev = offset
+    return header, checkpoints, rows
+
+
+def _schema(path: str, header: bytes, data: Any, delimiter: str) -> pa.Schema:
+    """Column names and types inferred over the whole file; columns that do not convert become strings."""
+    parse = pc.ParseOptions(delimiter=delimiter, invalid_row_handler=lambda row: "skip")
+    try:
+        names = pc.read_csv(
+            pa.py_buffer(header + b"\n"), parse_options=pc.ParseOptions(delimiter=delimiter)
+        ).column_names
+    except pa.ArrowException as exc:
+        raise FormatError(f"{path}: unreadable header: {exc}") from None
+    if len(set(names)) != len(names):
+        raise FormatError(f"{path}: duplicate column names in the header: {names}")
+    read = pc.ReadOptions(use_threads=False, block_size=1 << 26)
+    try:
+        # types from the first 64 MiB, checked against the rest; memory: one block
+        reader = pc.open_csv(pa.BufferReader(pa.py_buffer(data)), read_options=read, parse_options=parse)
+        schema = reader.schema
+        for _ in reader:
+            pass
+    except pa.ArrowInvalid:  # a column whose later values do not convert: strings
+        schema = pa.schema([(n, pa.string()) for n in names])
+    except pa.ArrowException as exc:
+        raise FormatError(f"{path}: not readable as CSV: {exc}") from None
+    return pa.schema([(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema])
+
+
+def _bytes(path: str, src: Any, compression: str | None) -> np.ndarray:
+    if compression is None:
+        return mapped(path, src)
+    return np.frombuffer(read_all(path, src, compression), dtype=np.uint8)
+
+
+def scan(path: str, compression: str | None, file: str | None = None) -> dict:
+    data = _bytes(path, file or path, compression)
+    header, checkpoints, rows = _layout(path, data)
+    schema = _schema(path, header, data, _delimiter(path))
+    info: dict = {
+        "rows": rows,
+        "records": rows,  # the index keeps "rows" apart; the reader needs the count too
+        "columns": dict.fromkeys(schema.names, ""),  # names only: inferred types may differ by file
+        "schema": base64.b64encode(schema.serialize().to_pybytes()).decode(),
+    }
+    if compression is None:
+        info["checkpoints"] = checkpoints
+    return info
+
+
+class CsvReader:
+    def __init__(self, path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors):
+        self.path = path
+        self._data = _bytes(path, source(path, info), compression)
+        self._rows = int(info["records"])
+        self._checkpoints: list[list[int]] = info.get("checkpoints") or []
+        if "checkpoints" not in info:  # compressed: found now, in the decompressed bytes
+            _, self._checkpoints, self._rows = _layout(path, self._data)
+        self._schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(info["schema"])))
+        missing = [c for c in columns or [] if c not in self._schema.names]
+        if missing:
+            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
+        self._columns = columns
+        self._errors = errors
+        self._delimiter = _delimiter(path)
+        self._cached: tuple[int, pa.Table | None, np.ndarray | None] = (-1, None, None)
+
+    def _segment(self, k: int) -> tuple[pa.Table | None, np.ndarray | None]:
+        """Segment ``k``'s rows (only those kept) and which were kept (None: all)."""
+        if self._cached[0] == k:
+            return self._cached[1], self._cached[2]
+        row, start, line = self._checkpoints[k]
+        stop = self._checkpoints[k + 1][1] if k + 1 < len(self._checkpoints) else len(self._data)
+        expected = min(SEGMENT_ROWS, self._rows - row)
+        data = self._data[start:stop]
+        bad: list[int] = []
+
+        def invalid(row: Any) -> str:
+            bad.append(int(row.number) - 1)
+            return "skip"
+
+        try:
+            table = pc.read_csv(
+                pa.py_buffer(data),
+                read_options=pc.ReadOptions(column_names=self._schema.names, use_threads=False),
+                parse_options=pc.ParseOptions(delimiter=self._delimiter, invalid_row_handler=invalid),
+                convert_options=pc.ConvertOptions(
+                    column_types=self._schema, include_columns=self._columns or self._schema.names
+                ),
+            )
+        except pa.ArrowException as exc:
+            if self._errors == "raise":
+                raise RecordError(
+                    f"unreadable rows {row}..{row + expected}: {exc}", path=self.path, line=line
+                ) from None
+            none = np.zeros(expected, dtype=bool)
+            self._cached = (k, None, none)
+            return None, none
+        if table.num_rows + len(bad) != expected:
+            raise FormatError(
+                f"{self.path}: {table.num_rows + len(bad)} rows from line {line}, expected {expected}; "
+                "was it changed after indexing?"
+            )
+        kept: np.ndarray | None = None
+        if bad:
+            if self._errors == "raise":
+                starts, _ = records(data)
+                at = int(starts[bad[0]]) if bad[0] < len(starts) else 0
+                got = _line(data, at) + line - 1
+                raise RecordError("wrong number of fields", path=self.path, line=got)
+            kept = np.ones(expected, dtype=bool)
+            kept[bad] = False
+        self._cached = (k, table, kept)
+        return table, kept
+
+    def read(self, start: int, stop: int) -> Piece:
+        parts: list[pa.Table] = []
+        valid: np.ndarray | None = None
+        pos = start
+        while pos < stop:
+            k = pos // SEGMENT_ROWS
+            base = k * SEGMENT_ROWS
+            end = min(stop, base + SEGMENT_ROWS)
+            table, kept = self._segment(k)
+            if kept is None:
+                assert table is not None
+                parts.append(table.slice(pos - base, end - pos))
+            else:
+                if valid is None:
+                    valid = np.ones(stop - start, dtype=bool)
+                valid[pos - start : end - start] = kept[pos - base : end - base]
+                if table is not None:
+                    before = int(np.count_nonzero(kept[: pos - base]))
+                    parts.append(table.slice(before, int(np.count_nonzero(kept[pos - base : end - base]))))
+            pos = end
+        if not parts:
+            parts = [self._schema.empty_table().select(self._columns or self._schema.names)]
+        return Piece(pa.concat_tables(parts), valid)
+
+    def close(self) -> None:
+        self._cached = (-1, None, None)
+
+
+def open(  # noqa: A001
+    path: str,
+    compression: str | None,
+    info: dict,
+    columns: list[str] | None,
+    errors: Errors,
+    options: Options | None = None,
+) -> CsvReader:
+    return CsvReader(path, compression, info, columns, errors)

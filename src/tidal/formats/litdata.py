@@ -1,0 +1,304 @@
+"""LitData optimized directories (``litdata.optimize`` output): ``index.json`` and ``chunk-*.bin``.
+
+Each chunk file is a shard; what its bytes mean is in the directory's ``index.json``
+(``config``: the leaves' serializers ``data_format``, the pytree ``data_spec``, the item
+loader, the compression), which scanning reads once and keeps in the index with the chunk's
+row count, so a reader needs only the chunk. A chunk::
+
+    uint32          items, n
+    uint32[n + 1]   byte offsets of the items (checked: past the header, never decreasing,
+                    inside the file)
+    items           PyTreeLoader: a uint32 size per leaf, then the leaves' bytes;
+                    TokensLoader: the token ids of one document, raw
+    [Arrow IPC file, uint32 its length, b"LDARW01\\0"]   rows written as an Arrow footer
+
+Records:
+
+- ``TokensLoader`` chunks: one row per document written, ``{"input_ids": ids}`` (a
+  zero-copy view). LitData's loader cuts the concatenated tokens into ``block_size``
+  windows; in tidal that is ``pack()``'s job, and rows stay documents so resuming and
+  splitting work at document granularity.
+- rows kept as an Arrow footer (LitData's choice for flat or nested records of plain
+  values): the Arrow table, with column projection.
+- other ``PyTreeLoader`` chunks: the item rebuilt from its pytree spec; a dict is the record,
+  anything else (a tuple, a single array) is ``{"data": item}``. Leaves: ``str``, ``text``,
+  ``int``, ``float``, ``bool``, ``bytes``, ``numpy``, ``no_header_numpy``, ``tensor`` and
+  ``no_header_tensor`` (as numpy arrays: torch is not needed), image leaves (``pil``,
+  ``jpeg``, ``image``, ``jpeg_array``) as their bytes, ``pickle`` only with the format option
+  ``allow_pickle=True``. Other serializers (video, audio, graph, LitData's binary ``json``)
+  and encrypted or frame-compressed chunks are refused with a FormatError naming the file.
+
+Whole-chunk ``compression="zstd"`` chunks are decompressed into memory when opened.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import pickle
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tidal.errors import FormatError, RecordError
+from tidal.formats import Errors, Options, Piece, check_options, source
+from tidal.formats.binary import check_offsets, mapped, read_all, view
+
+NAME = "litdata"
+__all__ = ["NAME", "claims", "open", "scan"]
+
+INDEX = "index.json"
+FOOTER_MAGIC = b"LDARW01\x00"
+_NUMPY = ["i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16", "?"]
+_TORCH = {0: "<f4", 1: "<f4", 2: "<f8", 3: "<f8", 4: "<c8", 5: "<c8", 6: "<c16", 7: "<c16", 8: "<f2", 9: "<f2",
+          11: "u1", 12: "i1", 13: "<i2", 14: "<i2", 15: "<i4", 16: "<i4", 17: "<i8", 18: "<i8", 19: "?", 20: "<u2"}  # fmt: skip
+_BYTES = {"bytes", "pil", "jpeg", "image", "file"}
+_PLAIN = {
+    "str",
+    "text",
+    "int",
+    "float",
+    "bool",
+    "numpy",
+    "tensor",
+    "no_header_numpy",
+    "no_header_tensor",
+    "jpeg_array",
+    "pickle",
+}
+
+
+def claims(path: str, exists: Callable[[str], bool]) -> bool:
+    """A ``chunk-*.bin`` with an ``index.json`` beside it."""
+    name = os.path.basename(path)
+    return name.startswith("chunk-") and name.endswith(".bin") and exists(os.path.join(os.path.dirname(path), INDEX))
+
+
+def _config(path: str, src: Any) -> tuple[dict, dict]:
+    """The directory's config and this chunk's entry in ``index.json``."""
+    where = os.path.join(os.path.dirname(src if isinstance(src, str) else path), INDEX)
+    try:
+        with builtins.open(where, "rb") as f:
+            index = json.load(f)
+        config, chunks = index["config"], index["chunks"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FormatError(f"{path}: a LitData chunk is read with the index.json beside it: {exc}") from None
+    name = os.path.basename(path)
+    entry = next((c for c in chunks if isinstance(c, dict) and c.get("filename") == name), None)
+    if entry is None:
+        raise FormatError(f"{path}: not listed in {where}")
+    return config, entry
+
+
+def _leaf_names(data_format: list[str]) -> list[str]:
+    return [f.split(":", 1)[0] for f in data_format]
+
+
+def scan(path: str, compression: str | None, file: str | None = None) -> dict:
+    src = file or path
+    config, entry = _config(path, src)
+    if config.get("encryption"):
+        raise FormatError(f"{path}: encrypted LitData chunks are not supported")
+    if config.get("compression_level") in ("batch", "sample"):
+        raise FormatError(f"{path}: LitData chunks compressed by {config['compression_level']} are not supported")
+    data_format = list(config.get("data_format") or [])
+    unknown = [f for f in _leaf_names(data_format) if f not in _PLAIN and f not in _BYTES]
+    if unknown:
+        raise FormatError(f"{path}: LitData serializer {unknown[0]!r} is not supported")
+    keep = {
+        "data_format": data_format,
+        "data_spec": config.get("data_spec"),
+        "item_loader": config.get("item_loader", "PyTreeLoader"),
+        "compression": config.get("compression"),
+    }
+    chunk = Chunk(path, src, keep)
+    if chunk.rows != int(entry.get("chunk_size", chunk.rows)):
+        raise FormatError(f"{path}: {chunk.rows} items, but index.json says {entry.get('chunk_size')}")
+    if chunk.footer is not None:
+        columns = chunk.footer.schema.names
+    elif keep["item_loader"] == "TokensLoader":
+        columns = ["input_ids"]
+    else:
+        columns = _keys(keep["data_spec"])
+    return {"rows": chunk.rows, "config": keep, "columns": dict.fromkeys(columns, "")}
+
+
+def _keys(spec: Any) -> list[str]:
+    tree = _spec(spec)
+    if tree is not None and tree.get("type") in ("builtins.dict", "collections.OrderedDict"):
+        return [str(k) for k in json.loads(tree["context"])]
+    return ["data"]
+
+
+def _spec(spec: Any) -> dict | None:
+    if not spec:
+        return None
+    try:
+        parsed = json.loads(spec) if isinstance(spec, str) else spec
+        return parsed[1] if isinstance(parsed, list) else parsed
+    except (ValueError, IndexError, TypeError):
+        return None
+
+
+class Chunk:
+    """One chunk's bytes, item offsets (checked) and, when there is one, its Arrow footer."""
+
+    def __init__(self, path: str, src: Any, config: dict):
+        self.path = path
+        compression = config.get("compression")
+        if compression:
+            self.data = np.frombuffer(read_all(path, src, str(compression).split(":")[0]), dtype=np.uint8)
+        else:
+            self.data = mapped(path, src)
+        data = self.data
+        end = len(data)
+        self.footer: pa.Table | None = None
+        if end >= 12 and data[-8:].tobytes() == FOOTER_MAGIC:
+            (size,) = struct.unpack("<I", data[-12:-8].tobytes())
+            end = len(data) - 12 - size
+            if end < 0:
+                raise FormatError(f"{path}: corrupt Arrow footer: {size} bytes in a {len(data)}-byte chunk")
+            try:
+                self.footer = pa.ipc.open_file(pa.py_buffer(data[end : len(data) - 12])).read_all()
+            except pa.ArrowException as exc:
+                raise FormatError(f"{path}: corrupt Arrow footer: {exc}") from None
+        if end < 4:
+            raise FormatError(f"{path}: not a LitData chunk: {end} bytes")
+        n = int(view(path, data, 0, "<u4", 1, "the item count")[0])
+        if 4 * (n + 2) > end:
+            raise FormatError(f"{path}: corrupt LitData chunk: {n} items cannot fit in {end} bytes")
+        self.offsets = view(path, data, 4, "<u4", n + 1, "the item offsets").astype(np.int64)
+        head = 4 * (n + 2)
+        if int(self.offsets[0]) != head or int(self.offsets[-1]) > end:
+            raise FormatError(
+                f"{path}: corrupt item offsets: they run {int(self.offsets[0])}..{int(self.offsets[-1])}, "
+                f"expected {head}..(at most) {end}"
+            )
+        check_offsets(path, self.offsets, head, int(self.offsets[-1]), "item")
+        if self.footer is not None and self.footer.num_rows != n:
+            raise FormatError(f"{path}: {n} items but {self.footer.num_rows} rows in its Arrow footer")
+        self.rows = n
+
+
+def _array(data: np.ndarray, dtype: str) -> np.ndarray:
+    return data.view(dtype) if len(data) else np.zeros(0, dtype=dtype)
+
+
+class LitdataReader:
+    def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors, options: Options | None):
+        opts = check_options(NAME, options)
+        self.path = path
+        config = info["config"]
+        self._chunk = Chunk(path, source(path, info), config)
+        self._formats: list[str] = list(config.get("data_format") or [])
+        self._tokens = config.get("item_loader") == "TokensLoader"
+        self._tree = _spec(config.get("data_spec"))
+        names = list(info.get("columns") or {})
+        missing = [c for c in columns or [] if c not in names]
+        if missing:
+            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+        self._columns = columns
+        if "pickle" in _leaf_names(self._formats) and not opts.get("allow_pickle", False):
+            raise FormatError(
+                f"{path}: some leaves are pickled; unpickling runs code from the data. "
+                "Pass the format option allow_pickle=True if you trust this data"
+            )
+        self._errors = errors
+
+    def _leaf(self, fmt: str, value: np.ndarray) -> Any:
+        name, _, arg = fmt.partition(":")
+        if name in ("str", "text"):
+            return value.tobytes().decode()
+        if name == "int":
+            return int(value.view("<i8")[0])
+        if name == "float":
+            return float(value.view("<f8")[0])
+        if name == "bool":
+            return bool(value[0])
+        if name in _BYTES:
+            return value.tobytes()
+        if name == "no_header_numpy":
+            return _array(value, _NUMPY[int(arg)])
+        if name == "no_header_tensor":
+            return _array(value, _TORCH[int(arg)])
+        if name == "numpy":
+            head = value[:8].view("<u4")
+            dtype, ndim = _NUMPY[int(head[0])], int(head[1])
+            shape = tuple(value[8 : 8 + 4 * ndim].view("<u4").tolist())
+            return _array(value[8 + 4 * ndim :], dtype).reshape(shape)
+        if name == "tensor":
+            code, ndim = struct.unpack(">II", value[:8].tobytes())
+            shape = struct.unpack(f">{ndim}I", value[8 : 8 + 4 * ndim].tobytes())
+            return _array(value[8 + 4 * ndim :], _TORCH[code]).reshape(shape)
+        if name == "jpeg_array":
+            count = int(value[:4].view("<u4")[0])
+            sizes = value[4 : 4 + 4 * count].view("<u4").astype(np.int64)
+            ends = 4 + 4 * count + np.cumsum(sizes)
+            starts = np.concatenate([[4 + 4 * count], ends[:-1]])
+            return [value[a:z].tobytes() for a, z in zip(starts.tolist(), ends.tolist(), strict=True)]
+        if name == "pickle":
+            return pickle.loads(value.tobytes())  # refused at open unless allow_pickle
+        raise ValueError(f"unsupported leaf {fmt!r}")
+
+    def _build(self, tree: dict | None, leaves: list[Any], at: list[int]) -> Any:
+        if tree is None or not tree.get("children_spec"):
+            at[0] += 1
+            return leaves[at[0] - 1]
+        children = [self._build(c, leaves, at) for c in tree["children_spec"]]
+        kind = tree.get("type")
+        if kind in ("builtins.dict", "collections.OrderedDict"):
+            return dict(zip(json.loads(tree["context"]), children, strict=True))
+        return tuple(children) if kind == "builtins.tuple" else children
+
+    def _item(self, row: int) -> Any:
+        a, z = int(self._chunk.offsets[row]), int(self._chunk.offsets[row + 1])
+        item = self._chunk.data[a:z]
+        if self._tokens:
+            return {"input_ids": self._leaf(self._formats[0], item)}
+        count = len(self._formats)
+        if len(item) < 4 * count:
+            raise ValueError("item cut short in its sizes")
+        sizes = item[: 4 * count].view("<u4").astype(np.int64)
+        bounds = np.concatenate([[4 * count], 4 * count + np.cumsum(sizes)]).tolist()
+        if bounds[-1] != len(item):
+            raise ValueError(f"its leaves take {bounds[-1]} bytes, the item has {len(item)}")
+        leaves = [self._leaf(f, item[bounds[i] : bounds[i + 1]]) for i, f in enumerate(self._formats)]
+        value = self._build(self._tree, leaves, [0])
+        return value if isinstance(value, dict) else {"data": value}
+
+    def read(self, start: int, stop: int) -> Piece:
+        footer = self._chunk.footer
+        if footer is not None:
+            table = footer.slice(start, stop - start)
+            return Piece(table.select(self._columns) if self._columns is not None else table)
+        records: list[Any] = []
+        valid: np.ndarray | None = None
+        for row in range(start, stop):
+            try:
+                rec = self._item(row)
+                records.append(rec if self._columns is None else {c: rec[c] for c in self._columns})
+            except (ValueError, KeyError, IndexError, TypeError, struct.error, EOFError, pickle.UnpicklingError) as exc:
+                if self._errors == "raise":
+                    raise RecordError(f"undecodable LitData item: {exc}", path=self.path, row=row) from None
+                if valid is None:
+                    valid = np.ones(stop - start, dtype=bool)
+                valid[row - start] = False
+        return Piece(records, valid)
+
+    def close(self) -> None:
+        pass
+
+
+def open(  # noqa: A001
+    path: str,
+    compression: str | None,
+    info: dict,
+    columns: list[str] | None,
+    errors: Errors,
+    options: Options | None = None,
+) -> LitdataReader:
+    return LitdataReader(path, info, columns, errors, options)

@@ -48,6 +48,8 @@ class Dataset:
     refused by default: unpickling runs code from the data), ``decode_images`` (MDS image
     columns as PIL images), ``dtype`` (headerless token ``.bin`` files; default uint16).
     ``errors="skip"`` drops malformed records and counts them instead of raising.
+    Symbolic links under a directory or glob are read where they point inside it; one that
+    leads outside is an error naming it, unless ``follow_links=True``.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class Dataset:
         errors: Errors = "raise",
         *,
         format_options: dict[str, Any] | None = None,
+        follow_links: bool = False,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
@@ -85,7 +88,7 @@ class Dataset:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if overrides:
             settings = replace(settings, **overrides)
-        found = listing(src, settings)
+        found = listing(src, settings, follow_links)
         settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
         shards = tuple(index(list(found), format, errors, settings, found))
         plan = ReadPlan(

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Options, Piece
+from tidal.formats import Errors, Options, Piece, source
 
 NAME = "parquet"
 
@@ -52,7 +52,7 @@ def scan(path: str, compression: str | None, file: Source | None = None) -> dict
 class ParquetReader:
     def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors):
         self._path = path
-        self._file = _open_file(path, info.get("file"))
+        self._file = _open_file(path, source(path, info))
         names = self._file.schema_arrow.names
         missing = [c for c in columns or [] if c not in names]
         if missing:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tidal.errors import StateError, TidalError
-from tidal.formats import Errors, Reader, module
+from tidal.formats import Errors, Located, Reader, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
 from tidal.stages import Context, Stage, StageIterator
@@ -255,7 +255,7 @@ class ReadIterator(StageIterator):
             columns = list(self._plan.columns) if self._plan.columns is not None else None
             info, remote = shard.info, self._prefetcher()
             if remote is not None and remote.is_remote(index):
-                info = {**info, "file": remote.open(index)}  # a held local copy, or ranged reads
+                info = {**info, "file": Located(remote.open(index))}  # a held local copy, or ranged reads
             try:
                 fmt = module(shard.format)
                 reader = fmt.open(shard.path, shard.compression, info, columns, self._plan.errors, self._plan.options)

@@ -58,7 +58,7 @@ def test_a_linked_directory_out_of_the_root_is_refused_by_every_listing(tree: tu
     root, outside = tree
     os.symlink(outside, root / "elsewhere")
     src = str(root) if source == "dir" else str(root / "**" / "*.jsonl")
-    with pytest.raises(tidal.SourceError, match="elsewhere.*outside the dataset's root"):
+    with pytest.raises(tidal.SourceError, match=r"elsewhere.*outside the dataset's root"):
         tidal.Dataset(src)
     assert ids(tidal.Dataset(src, follow_links=True)) == [*range(5), 100, 101, 102]
 

@@ -288,6 +288,20 @@ class Dataset:
     def batched(self) -> bool:
         return any(isinstance(s, Batch) for s in _main_line(self._stage))
 
+    def records_per_batch(self) -> int | None:
+        """How many source records every item holds, where that is fixed: plain records (1) or
+        plain batches (their size) read from files without filters, packing, mixing or
+        records skipped as bad; otherwise None. ``tidal state skip`` is exact where it is known."""
+        size = 1
+        for stage in _main_line(self._stage):
+            if isinstance(stage, Batch) and stage is self._stage:
+                size = stage.size
+            elif isinstance(stage, Read):
+                return size if stage.plan.errors == "raise" else None
+            elif not isinstance(stage, Map):
+                return None
+        return None
+
     def fingerprint(self) -> str:
         """A short digest of everything that decides the order; a saved state carries it."""
         text = json.dumps(self._stage.describe(), default=str)

@@ -333,7 +333,10 @@ class DataLoader(torch.utils.data.DataLoader):
             every[ranks.rank] = local
         topology = [ranks.world_size, self._workers]
         fingerprint = self.tidal_dataset.fingerprint()
-        return schema.make(fingerprint, self._sources(), self._pass, self._first_epoch(), topology, every, self._origin)
+        sources, per_batch = self._sources(), self.tidal_dataset.records_per_batch()
+        return schema.make(
+            fingerprint, sources, self._pass, self._first_epoch(), topology, every, self._origin, per_batch
+        )
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``

@@ -20,9 +20,10 @@ from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
-from tidal.stages.mix import Schedule
+from tidal.stages.mix import Mix, Schedule
 from tidal.stages.mix import mix as mix_stage
 from tidal.stages.read import Read, ReadPlan
+from tidal.stages.tokenize import Tokenize
 from tidal.stages.transform import Filter, Map
 from tidal.storage.config import Storage
 from tidal.storage.urls import is_remote
@@ -301,6 +302,19 @@ class Dataset:
             elif not isinstance(stage, Map):
                 return None
         return None
+
+    def may_end_unevenly(self) -> bool:
+        """Whether readers may yield different numbers of items in a finite pass: a filter,
+        packing, a mixture that stops, or records skipped as bad change the count per reader
+        (see "Ranks and workers" in the README for how the DataLoader keeps ranks together)."""
+        uneven = False
+        for stage in _main_line(self._stage):
+            if isinstance(stage, Mix):
+                return stage.stop != "never"
+            if isinstance(stage, Read):
+                return stage.plan.epochs is not None and (uneven or stage.plan.errors != "raise")
+            uneven |= not isinstance(stage, (Map, Batch, Tokenize))
+        return uneven
 
     def fingerprint(self) -> str:
         """A short digest of everything that decides the order; a saved state carries it."""

@@ -238,6 +238,20 @@ def _held_by_lightning(loader: DataLoader) -> int:
     return 0
 
 
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
+
+
+def _every_rank_has(batch: bool) -> bool:
+    """Whether every rank has a next batch (a MIN all_reduce of one flag)."""
+    dist = torch.distributed
+    cuda = dist.get_backend() == "nccl"
+    flag = torch.tensor([int(batch)], device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def _accelerate_device() -> torch.device | None:
     """The device HF Accelerate places batches on, when an Accelerator is set up in this process."""
     state = sys.modules.get("accelerate.state")
@@ -326,9 +340,8 @@ class DataLoader(torch.utils.data.DataLoader):
             local[k.COUNTS][k.BATCHES] -= 1
             local[k.COUNTS][k.TOKENS] -= tokens
         every: list[dict | None] = [None] * ranks.world_size
-        dist = torch.distributed
-        if ranks.world_size > 1 and dist.is_available() and dist.is_initialized():
-            dist.all_gather_object(every, local)
+        if ranks.world_size > 1 and _distributed():
+            torch.distributed.all_gather_object(every, local)
         else:
             every[ranks.rank] = local
         topology = [ranks.world_size, self._workers]
@@ -371,7 +384,8 @@ class DataLoader(torch.utils.data.DataLoader):
         finally:
             self._stream.bundled = False
         device = self._device or _accelerate_device()
-        return self._round_robin(bundles, self._local, device)
+        together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
+        return self._round_robin(bundles, self._local, device, together)
 
     def _check_pickles(self) -> None:
         """Workers started with spawn or forkserver receive the dataset pickled: say which
@@ -393,18 +407,26 @@ class DataLoader(torch.utils.data.DataLoader):
                         "of a module"
                     ) from None
 
-    def _round_robin(self, bundles: Iterator[_Bundle], state: dict, device: torch.device | None) -> Iterator[Any]:
+    def _round_robin(
+        self, bundles: Iterator[_Bundle], state: dict, device: torch.device | None, together: bool
+    ) -> Iterator[Any]:
+        """Batches in worker order. ``together``: ranks end the pass on the same step (one
+        all_reduce per batch: does every rank have one?), so DDP never waits on a rank that ran out."""
         n = self._workers
         queues: list[deque[tuple[_Bundle, int]]] = [deque() for _ in range(n)]
         ended = [False] * n
         w = state[k.NEXT_WORKER]
         non_blocking = bool(self.pin_memory)
+        stopped = False
         while not all(ended[i] and not queues[i] for i in range(n)):
             while not queues[w] and not ended[w]:
                 bundle = next(bundles)
                 queues[bundle.worker].extend((bundle, j) for j in range(len(bundle)))
                 ended[bundle.worker] |= bundle.end
             if queues[w]:
+                if together and not _every_rank_has(True):
+                    stopped = True  # another rank ran out: this pass ends here for all
+                    break
                 bundle, j = queues[w].popleft()
                 item = bundle.item(j)
                 tokens = 0
@@ -418,7 +440,10 @@ class DataLoader(torch.utils.data.DataLoader):
                 counts[k.TOKENS] += tokens
                 yield item if device is None else _to_device(item, device, non_blocking)
             w = (w + 1) % n
-        for _ in bundles:  # let torch see every worker finish
-            pass
+        if not stopped:
+            if together:
+                _every_rank_has(False)  # the step the others are asking about
+            for _ in bundles:  # let torch see every worker finish
+                pass
         self._pass, self._origin, self._local = self._pass + 1, None, schema.fresh_rank(self._workers)
         self._undo.clear()

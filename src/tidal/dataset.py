@@ -18,7 +18,7 @@ from typing import Any
 from tidal.formats import Errors, check_options
 from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
-from tidal.stages import Stage, walk
+from tidal.stages import Stage
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Mix, Schedule
 from tidal.stages.mix import mix as mix_stage
@@ -237,9 +237,15 @@ class Dataset:
         mask_boundaries: bool = False,
         pad_id: int | None = None,
         buffer_size: int = 256,
+        column: str = "input_ids",
+        eos: int | None = None,
     ) -> Dataset:
-        """Pack tokenized documents into sequences of ``seq_len`` tokens for causal LM training.
+        """Pack documents of token ids into sequences of ``seq_len`` tokens for causal LM training.
 
+        The documents are the records' ``column`` (``input_ids``, what ``tokenize()`` makes, what
+        token shards, Megatron, LitData and flat token files yield; any column of integer lists or
+        arrays, e.g. a Parquet ``list<int>``). ``eos``: a token id appended to each document, for
+        pre-tokenized data stored without one (``tokenize()`` appends its own).
         ``strategy="concat"`` joins documents and cuts every ``seq_len`` tokens (only the last
         remainder of the stream, shorter than a sequence, is dropped). ``"best_fit"`` packs a
         buffer of about ``buffer_size`` sequences' worth of documents best-fit-decreasing,
@@ -248,22 +254,20 @@ class Dataset:
         ``segment_ids``; see :mod:`tidal.stages.pack` for their exact meaning.
 
         >>> ds.tokenize(tok).pack(2048, "best_fit", mask_boundaries=True)
+        >>> tidal.Dataset("tokens/").pack(2048)          # pre-tokenized: no tokenizer needed
         """
         from tidal.stages.pack import Pack, PackConfig
-        from tidal.stages.tokenize import Tokenize
 
         self._before_batch("pack")
-        tokenizers = [s for s in walk(self._stage) if isinstance(s, Tokenize)]
-        if not tokenizers:
-            raise ValueError("pack() packs token ids: call tokenize() first")
         if strategy not in ("concat", "best_fit"):
             raise ValueError(f"strategy must be 'concat' or 'best_fit', not {strategy!r}")
         if seq_len < 1 or buffer_size < 1:
             raise ValueError("seq_len and buffer_size must be at least 1")
         if pad_id is None:
-            eos = tokenizers[0].tokenizer.eos_id
-            pad_id = eos if eos is not None else 0
-        cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size)
+            tokenizers = [s for s in _main_line(self._stage) if isinstance(s, Tokenize)]
+            known = eos if eos is not None else tokenizers[0].tokenizer.eos_id if tokenizers else None
+            pad_id = known if known is not None else 0
+        cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size, column=column, eos=eos)
         return self._then(Pack(self._stage, cfg))
 
     # -- facts -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 from tidal.formats import Errors, check_options
 from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
-from tidal.stages import Stage
+from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Mix, Schedule
 from tidal.stages.mix import mix as mix_stage
@@ -264,7 +264,7 @@ class Dataset:
         if seq_len < 1 or buffer_size < 1:
             raise ValueError("seq_len and buffer_size must be at least 1")
         if pad_id is None:
-            tokenizers = [s for s in _main_line(self._stage) if isinstance(s, Tokenize)]
+            tokenizers = [s for s in walk(self._stage) if isinstance(s, Tokenize)]  # into mixed streams too
             known = eos if eos is not None else tokenizers[0].tokenizer.eos_id if tokenizers else None
             pad_id = known if known is not None else 0
         cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size, column=column, eos=eos)

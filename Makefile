@@ -16,10 +16,11 @@ TORCH := torch==2.13.0
 
 .PHONY: demo test lint bench lock clean
 
-# Reinstalls when the lock, pyproject.toml or this file changes.
+# Reinstalls when the lock, pyproject.toml or this file changes. --no-compile: Python compiles
+# the modules a run imports when it first imports them, not every file of every package now.
 $(STAMP): $(LOCK) pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -c $(LOCK) -e '.[torch,dev]'
+	$(BIN)/python -m pip install -q --no-compile -c $(LOCK) -e '.[torch,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,18 +1,25 @@
-"""JSON lines: one JSON object per non-empty line, kept as Python dicts."""
+"""JSON lines: one JSON object per non-empty line, kept as Python dicts.
+
+Lines are parsed with orjson when it is installed (``tidal[fast]``) and with the standard
+library otherwise: the same records and the same errors either way (:mod:`tidal.formats._json`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-from orjson import JSONDecodeError, loads
 
 from tidal.errors import RecordError
-from tidal.formats import Errors, Options, Piece
+from tidal.formats import Errors, Options, Piece, _json
 from tidal.formats.lines import LineReader, scan
 
 NAME = "jsonl"
 __all__ = ["NAME", "open", "scan"]
+
+
+class _NotRecord(ValueError):
+    """Valid JSON that is not a record: not an object, or without a requested column."""
 
 
 class JsonlReader:
@@ -26,20 +33,22 @@ class JsonlReader:
         records: list[Any] = []
         valid: np.ndarray | None = None
         columns = self._columns
+        loads = _json.loads
         rows, lines = self._lines.read_rows(start, stop)
         for i, data in enumerate(rows):
             try:
                 rec = loads(data)
                 if not isinstance(rec, dict):
-                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+                    raise _NotRecord(f"expected a JSON object, got {type(rec).__name__}")
                 if columns is not None:
                     missing = [c for c in columns if c not in rec]
                     if missing:
-                        raise ValueError(f"no field {missing[0]!r} (fields: {', '.join(sorted(rec)) or 'none'})")
+                        raise _NotRecord(f"no field {missing[0]!r} (fields: {', '.join(sorted(rec)) or 'none'})")
                     rec = {c: rec[c] for c in columns}
-            except (JSONDecodeError, ValueError) as exc:
+            except ValueError as exc:  # orjson's JSONDecodeError is a ValueError too
                 if self._errors == "raise":
-                    raise RecordError(f"malformed JSON record: {exc}", path=self._path, line=lines[i]) from None
+                    why = str(exc) if isinstance(exc, _NotRecord) else _json.reason(data, exc)
+                    raise RecordError(f"malformed JSON record: {why}", path=self._path, line=lines[i]) from None
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
                 valid[i] = False

@@ -147,6 +147,12 @@ def test_what_cannot_make_global_arrays_is_refused(data: Path) -> None:
         list(uneven)  # 380 records: the last batch has 2
 
 
+def test_a_function_that_does_not_pickle_is_named_before_reader_processes_start(data: Path) -> None:
+    loader = tidal.jax.Loader(tidal.Dataset(data).map(lambda r: r).batch(4), worker_type="process")
+    with pytest.raises(TypeError, match=r"<lambda>\): tidal.jax.Loader workers started with 'spawn'"):
+        iter(loader)
+
+
 def test_the_rank_comes_from_jax_only_once_it_runs_as_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[str] = []
 

@@ -107,3 +107,15 @@ def test_a_bad_record_in_a_worker_raises_naming_file_and_line(tmp_path: Path) ->
     loader = tidal.DataLoader(tidal.Dataset(tmp_path / "data").batch(4), num_workers=2)
     with pytest.raises(tidal.RecordError, match=r"part-000.jsonl, line 21: malformed JSON"):
         list(loader)
+
+
+def test_prefetch_to_device_changes_no_batch_and_no_state(data: Path) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=3, block_size=32).repeat(2).batch(6)
+    plain = list(tidal.DataLoader(ds, num_workers=2))
+    ahead = list(tidal.DataLoader(ds, num_workers=2, device="cpu", prefetch_to_device=3))
+    assert len(ahead) == len(plain) and all(same(a, b) for a, b in zip(ahead, plain, strict=True))
+    loader = tidal.DataLoader(ds, num_workers=2, device="cpu", prefetch_to_device=3)
+    head = list(itertools.islice(loader, 7))  # the thread has made batches 8.. already: not consumed
+    resumed = tidal.DataLoader(ds, num_workers=2, device="cpu", prefetch_to_device=3)
+    resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert ids(head + list(resumed)) == ids(plain)

@@ -38,6 +38,16 @@ def copy_rank(rank: dict) -> dict:
     return {k.NEXT_WORKER: rank[k.NEXT_WORKER], k.WORKERS: list(rank[k.WORKERS]), k.COUNTS: dict(rank[k.COUNTS])}
 
 
+def consume(rank: dict, worker: int, reader: dict, tokens: int) -> None:
+    """Update a rank state in place: the training loop consumed a batch of ``worker``, after
+    which that worker's reader state is ``reader``; ``tokens``: its ``input_ids`` count."""
+    rank[k.WORKERS][worker] = reader
+    rank[k.NEXT_WORKER] = (worker + 1) % len(rank[k.WORKERS])
+    counts = rank[k.COUNTS]
+    counts[k.BATCHES] += 1
+    counts[k.TOKENS] += tokens
+
+
 def sources_of(plans: dict) -> dict:
     """``sources`` of a state, from a dataset's read plans by source key."""
     return {key: {k.RECORDS: p.total, k.FINITE: p.epochs is not None, k.EPOCHS: p.epochs} for key, p in plans.items()}

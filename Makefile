@@ -11,6 +11,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tidal-installed
 LOCK := requirements/dev.lock
+# the peers' writers for the format tests, installed without their dependencies (see the file)
+PEERS := requirements/peers.txt
 LOCK_VENV := .venv-lock
 TORCH := torch==2.13.0
 
@@ -18,9 +20,10 @@ TORCH := torch==2.13.0
 
 # Reinstalls when the lock, pyproject.toml or this file changes. --no-compile: Python compiles
 # the modules a run imports when it first imports them, not every file of every package now.
-$(STAMP): $(LOCK) pyproject.toml Makefile
+$(STAMP): $(LOCK) $(PEERS) pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile -c $(LOCK) -e '.[torch,dev]'
+	$(BIN)/python -m pip install -q --no-compile --no-deps -r $(PEERS)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -35,7 +35,7 @@ from typing import Any
 
 from tidal.errors import SourceError, StorageError
 from tidal.storage.config import Storage
-from tidal.storage.retry import Truncated, call
+from tidal.storage.retry import Truncated, call, redact
 from tidal.storage.stats import Stats
 
 _VERSION_KEYS = ("ETag", "etag", "e_tag", "generation", "VersionId", "version_id", "blob_id", "md5Hash")
@@ -163,7 +163,7 @@ class Remote:
     def stat(self, url: str) -> FileStat:
         info = self._info(url)
         if info.get("type") == "directory":
-            raise StorageError(f"{url}: is a directory, not a file", url=url)
+            raise StorageError(f"{redact(url)}: is a directory, not a file", url=redact(url))
         return FileStat(int(info["size"]), _version(info))
 
     def _info(self, url: str) -> dict:
@@ -171,7 +171,7 @@ class Remote:
             return call(lambda: self._request("info", self.path(url)), url=url, what="HEAD", retry=self.storage.retry)
         except StorageError as exc:
             if _not_found(exc):
-                raise SourceError(f"{url}: no such file or directory") from None
+                raise SourceError(f"{redact(url)}: no such file or directory") from None
             raise
 
     def expand(self, entry: str, keep: Any = None) -> dict[str, FileStat]:
@@ -184,7 +184,7 @@ class Remote:
             files = {k: v for k, v in found.items() if v.get("type", "file") != "directory"}
             files = {k: v for k, v in files.items() if not posixpath.basename(k.rstrip("/")).startswith(".")}
             if not files:
-                raise SourceError(f"{entry}: the pattern matches no file")
+                raise SourceError(f"{redact(entry)}: the pattern matches no file")
         else:
             info = self._info(entry)
             if info.get("type") == "directory" or entry.endswith("/"):  # http(s): a page of links
@@ -199,7 +199,7 @@ class Remote:
                     if v.get("type", "file") == "file" and (keep is None or keep(parts[-1])):
                         files[k] = v
                 if not files:
-                    raise SourceError(f"{entry}: the directory holds no file tidal can read")
+                    raise SourceError(f"{redact(entry)}: the directory holds no file tidal can read")
             else:
                 files = {path: info}
         unsized = [k for k, v in files.items() if v.get("size") is None]  # http(s) listings: HEAD each

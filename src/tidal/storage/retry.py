@@ -167,6 +167,7 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
     >>> data = call(lambda: fs.cat_file(path), url=url, what="GET", retry=Retry())
     """
     start = time.monotonic()
+    url = redact(url)  # a signed URL's query string is a credential
     for attempt in range(retry.attempts):
         try:
             return fn()

@@ -34,6 +34,7 @@ from functools import cached_property
 from typing import Any
 
 from tidal.errors import SourceError, StorageError
+from tidal.storage import logs
 from tidal.storage.config import Storage
 from tidal.storage.retry import Truncated, call, redact
 from tidal.storage.stats import Stats
@@ -107,15 +108,18 @@ class Remote:
         options = dict(self.storage.options)
         try:
             if self.backend == "obstore":
-                return _obstore(options, self.storage)
-            if self.backend == "s3fs":
-                return _s3fs(options, self.storage)
-            if self.protocol in ("http", "https") and "client_kwargs" not in options:
-                import aiohttp
+                fs = _obstore(options, self.storage)
+            elif self.backend == "s3fs":
+                fs = _s3fs(options, self.storage)
+            else:
+                if self.protocol in ("http", "https") and "client_kwargs" not in options:
+                    import aiohttp
 
-                t = self.storage.timeout
-                options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=min(t, 10), sock_read=t)}
-            return fsspec.filesystem(self.protocol, **options)
+                    t = self.storage.timeout
+                    options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=min(t, 10), sock_read=t)}
+                fs = fsspec.filesystem(self.protocol, **options)
+            logs.guard(self.storage.options)  # the client's libraries are imported now: their loggers exist
+            return fs
         except ImportError as exc:
             extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "hf": "hf"}
             hint = f" (pip install 'tidal[{extra[self.protocol]}]')" if self.protocol in extra else ""
@@ -179,7 +183,10 @@ class Remote:
         with ``.`` or ``_`` skipped, only those ``keep(name)`` accepts) or a glob; sorted by URL."""
         path = self.path(entry)
         retry = self.storage.retry
-        if _glob.has_magic(entry.split("://", 1)[1]):
+        where = entry.split("://", 1)[1]
+        if self.protocol in ("http", "https"):
+            where = where.split("?", 1)[0]  # a query string (a signed URL's) is not a pattern
+        if _glob.has_magic(where):
             found = call(lambda: self.fs.glob(path, detail=True), url=entry, what="LIST", retry=retry)
             files = {k: v for k, v in found.items() if v.get("type", "file") != "directory"}
             files = {k: v for k, v in files.items() if not posixpath.basename(k.rstrip("/")).startswith(".")}

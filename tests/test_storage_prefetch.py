@@ -104,3 +104,26 @@ def test_a_parquet_shard_larger_than_the_cache_is_read_in_place_by_ranges(
     assert got == [r["id"] for r in tidal.Dataset(data).shuffle(**shuffle)]
     assert it.stats()["bytes_downloaded"] >= big  # every row group came, by ranges...
     assert len(list(cache.glob("shards/*.shard"))) <= 2  # ...and never into the cache
+
+
+@pytest.mark.slow
+def test_dataloader_workers_that_would_leave_one_another_no_room_are_told_at_once(
+    s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    data = make_shards(tmp_path / "data", [2000] * 4, kinds=("jsonl",))
+    url = s3.upload(data, bucket, "web")
+    cache = tmp_path / "cache"
+    ds = tidal.Dataset(url, storage=storage(s3, cache))
+    shard = footprint(max(s.bytes for s in ds.shards))
+    shutil.rmtree(cache / "shards")
+    shuffle = {"seed": 1, "block_size": 1000, "shards_per_block": 2}
+    for limit, ok in [(fixed(cache) + 3 * shard, False), (fixed(cache) + 4 * shard, True)]:
+        small = tidal.Dataset(url, storage=storage(s3, cache, cache_limit=limit)).shuffle(**shuffle).batch(100)
+        loader = tidal.DataLoader(small, num_workers=2)
+        if ok:  # two shards each, both at once: a worker ahead keeps its shards while it waits for its turn
+            assert sorted(int(i) for b in loader for i in b["id"]) == list(range(8000))
+            continue
+        with pytest.raises(tidal.StorageError, match="times the 2 DataLoader workers") as err:
+            next(iter(loader))
+        assert f"at least {fixed(cache) + 4 * shard:,} bytes" in str(err.value)

@@ -151,50 +151,58 @@ class Prefetcher:
         return self._closed
 
     def require(self, epoch: int, held: Callable[[], Iterable[tuple[int, Collection[int]]]], readers: int = 1) -> None:
-        """Check, once per epoch, that the cache holds what the reader holds at once.
+        """Check, once per epoch, that the cache can hold what the reader holds at once.
 
         ``held()`` yields, for each block the reader reads this epoch, ``(block, shards open
-        while it reads it)``; ``readers``: how many readers of this machine share the cache
-        (they may all hold their most at once). Where a block's shards do not fit, its Parquet
+        while it reads it)``. ``readers``: how many readers of this machine share the cache;
+        they may all hold their most at once (a DataLoader takes its workers' batches in turn,
+        so a worker ahead of the others keeps its block's shards open while it waits for its
+        turn), counted here as this reader's. Where a block's shards do not fit, its Parquet
         shards are read in place instead (largest first); where that is not enough, a
-        :class:`StorageError` names the limit and what the reader needs.
+        :class:`StorageError` names the limit and what is needed.
         """
         if self._checked == epoch:
             return
         self._checked = epoch
         cache = self._fetcher.cache
-        room = (cache.limit - cache.fixed()) // max(1, readers)
-        whole = [i for i in range(len(self._shards)) if self._fetches_whole(i)]
-        if sum(self._size(i) for i in whole) <= room:
-            return  # all of it fits: nothing to check block by block
+        room = cache.limit - cache.fixed()
+        if sum(self._size(i) for i in range(len(self._shards)) if self._fetches_whole(i)) <= room:
+            return  # the whole dataset fits (a shard is on disk once, however many readers hold it)
         for block, shards in held():
             mine = sorted((i for i in shards if self._fetches_whole(i)), key=self._size, reverse=True)
-            need = sum(self._size(i) for i in mine)
             for i in [i for i in mine if self._streamable(i)]:
-                if need <= room:
+                if self._required(mine, readers) <= room:
                     break
                 self._ranged.add(i)  # read in place from now on, largest first: it does not fit beside the others
                 mine.remove(i)
-                need -= self._size(i)
-            if need > room:
-                raise StorageError(self._too_small(epoch, block, mine, need, readers))
+            if self._required(mine, readers) > room:
+                raise StorageError(self._too_small(epoch, block, mine, readers))
+
+    def _required(self, shards: list[int], readers: int) -> int:
+        """Bytes the cache must have for entries when this reader, and as many others, hold ``shards``."""
+        return max(1, readers) * sum(self._size(i) for i in shards)
 
     def _streamable(self, index: int) -> bool:
         shard = self._shards[index]
         return shard.format == "parquet" and shard.compression is None
 
-    def _too_small(self, epoch: int, block: int, shards: list[int], need: int, readers: int) -> str:
+    def _too_small(self, epoch: int, block: int, shards: list[int], readers: int) -> str:
         cache = self._fetcher.cache
         fixed = cache.fixed()
+        need, required = sum(self._size(i) for i in shards), self._required(shards, readers)
         names = ", ".join(redact(self._shards[i].path) for i in shards[:4])
         more = f" and {len(shards) - 4} more" if len(shards) > 4 else ""
         largest = max(self._shards[i].bytes for i in range(len(self._shards)) if self._fetches_whole(i))
-        times = f", times {readers} DataLoader workers that share it" if readers > 1 else ""
+        others = (
+            f", times the {readers} DataLoader workers that share the cache and may each hold as much at once"
+            if readers > 1
+            else ""
+        )
         return (
             f"the cache_limit of {cache.limit:,} bytes is too small for this reader: it holds {len(shards)} "
             f"shard{'s' if len(shards) > 1 else ''} at once (block {block} of epoch {epoch}: {names}{more}), which "
-            f"take {need:,} bytes in the cache with their metadata{times}, and the index and directories of "
-            f"{cache.root} take {fixed:,}: cache_limit must be at least {need * max(1, readers) + fixed:,} bytes "
+            f"take {need:,} bytes in the cache with their metadata{others}, and the index and directories of "
+            f"{cache.root} take {fixed:,}: cache_limit must be at least {required + fixed:,} bytes "
             f"(the largest shard is {largest:,} bytes). Raise cache_limit, or hold fewer shards at once "
             "(shuffle(shards_per_block=...), fewer DataLoader workers)"
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tidal.errors import StorageError
-from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, hasher
+from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, footprint, hasher
 from tidal.storage.stats import Stats
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -101,6 +101,28 @@ def test_a_file_larger_than_the_limit_is_refused_and_prefetches_never_wait_for_r
     b = cache.acquire(entry("b", 20_000), filler(content("b", 20_000)), wait=0)
     assert b is not None and cache.lookup(entry("a", 20_000)) is None  # released, then evicted for b
     b.release()
+
+
+def test_a_prefetch_never_evicts_a_pinned_entry_but_a_reader_that_needs_room_now_does(tmp_path: Path) -> None:
+    stats = Stats()
+    cache = Cache(tmp_path, 0, stats)
+    cache.limit = cache.fixed() + 4096 + 2 * footprint(20_000)  # the ledger's block, and two entries
+    a = cache.acquire(entry("a", 20_000), filler(content("a", 20_000)), wait=0, pin=True)
+    time.sleep(0.02)
+    b = cache.acquire(entry("b", 20_000), filler(content("b", 20_000)), wait=0, pin=True)
+    assert a is not None and b is not None  # fetched ahead: pinned, not held
+    assert cache.acquire(entry("c", 20_000), filler(content("c", 20_000)), wait=0) is None  # later still: no room
+    with cache.acquire(entry("c", 20_000), filler(content("c", 20_000))) as c:  # needed now: the oldest pin gives way
+        assert c is not None and c.path.read_bytes() == content("c", 20_000)
+    assert cache.lookup(entry("a", 20_000)) is None and stats.dict()["evictions"] == 1
+    held = cache.lookup(entry("b", 20_000))
+    assert held is not None
+    held.release()
+    a.release()
+    b.release()
+    unpinned = cache.acquire(entry("d", 20_000), filler(content("d", 20_000)), wait=0)  # pins gone: b, c may go
+    assert unpinned is not None
+    unpinned.release()
 
 
 def test_a_download_of_the_wrong_size_or_hash_is_never_kept(tmp_path: Path) -> None:

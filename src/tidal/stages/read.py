@@ -216,6 +216,7 @@ class ReadIterator(StageIterator):
         slices = order.slices(b)
         remote = self._prefetcher()
         if remote is not None:  # fetch this block's and the next blocks' shards in the background
+            remote.require(order.epoch, lambda: self._held_per_block(order, remote), self._world.num_workers)
             now = [s for s, _, _ in slices]
             later = self._upcoming(order, b)
             first_later = [s for s, _, _ in order.slices(b + 1)] if b + 1 < order.blocks else []
@@ -295,6 +296,23 @@ class ReadIterator(StageIterator):
             stats = self._remote.stats if self._remote is not None else None
             self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats)
         return self._remote
+
+    def _held_per_block(self, order: EpochOrder, remote: Prefetcher) -> Iterator[tuple[int, set[int]]]:
+        """``(block, remote shards open while it is read)`` for each block this reader reads this
+        epoch, in order: what :meth:`_load` keeps open (this block's shards, and those of the
+        next block that are open already), for the prefetcher to check the cache can hold it."""
+        intervals, _ = self._share(order.epoch)
+        held = {i for i in self._readers if remote.is_remote(i)}
+        last, after = -1, set[int]()
+        for a, z in intervals:
+            if z <= a:
+                continue
+            for b in range(max(order.block_at(a), last + 1), order.block_at(z - 1) + 1):
+                now = after if b == last + 1 and last >= 0 else {s for s, _, _ in order.slices(b)}
+                after = {s for s, _, _ in order.slices(b + 1)} if b + 1 < order.blocks else set()
+                held = (held & (now | after)) | now
+                last = b
+                yield b, held
 
     def _upcoming(self, order: EpochOrder, b: int) -> Iterator[int]:
         """The shards of the blocks this reader reads after block ``b`` this epoch, in order, lazily."""

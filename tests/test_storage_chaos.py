@@ -361,7 +361,6 @@ def test_cache_files_and_directories_are_never_world_writable_even_under_umask_0
     assert len(list(cache.glob("shards/*.shard"))) == 4
 
 
-@pytest.mark.xfail(strict=True, reason="tidal.shards._save writes the index with the umask's mode (0o666 under 000)")
 def test_the_index_of_a_remote_dataset_is_not_world_writable_even_under_umask_000(
     s3: S3Server, bucket: str, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from tidal import env
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
 from tidal.formats import Errors, check_schemas, detect, known_ending, module
+from tidal.storage.cache import mkdirs
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.urls import local_path, protocol, url_root
@@ -385,7 +386,7 @@ class _locked:
         self._path = where.with_name(where.name + ".lock")
 
     def __enter__(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        mkdirs(self._path.parent)  # never world-writable, whatever the umask
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
 
@@ -403,8 +404,12 @@ def _load(where: Path) -> dict:
 
 def _save(where: Path, entries: dict) -> None:
     tmp = where.with_name(f"{where.name}.{os.getpid()}.tmp")
+    data = json.dumps({"version": _INDEX_VERSION, "shards": entries}, separators=(",", ":")).encode()
     try:
-        tmp.write_text(json.dumps({"version": _INDEX_VERSION, "shards": entries}, separators=(",", ":")))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.fchmod(fd, 0o644)  # never world-writable, whatever the umask
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, where)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -18,6 +18,7 @@ from tidal.stages import Context, Stage, StageIterator
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.storage.config import Storage
+from tidal.storage.retry import redact_urls
 from tidal.tables import Table, concat, cut, take
 from tidal.world import World
 
@@ -254,12 +255,13 @@ class ReadIterator(StageIterator):
         if reader is None:
             shard = self._plan.shards[index]
             columns = list(self._plan.columns) if self._plan.columns is not None else None
-            info, remote = shard.info, self._prefetcher()
+            info, remote, name = shard.info, self._prefetcher(), shard.path
             if remote is not None and remote.is_remote(index):
                 info = {**info, "file": Located(remote.open(index))}  # a held local copy, or ranged reads
+                name = redact_urls(shard.path)  # errors name the shard, never a signed URL's query
             try:
                 fmt = module(shard.format)
-                reader = fmt.open(shard.path, shard.compression, info, columns, self._plan.errors, self._plan.options)
+                reader = fmt.open(name, shard.compression, info, columns, self._plan.errors, self._plan.options)
             except BaseException:
                 if remote is not None:
                     remote.release(index)

@@ -181,7 +181,7 @@ class Cache:
         self.hashes = hashes  # hash every download (else only those the index has a hash for, or verify)
         self._verified: set[str] = set()
         try:  # here, once, rather than as a strange error in the middle of a download
-            _mkdirs(self.root)
+            mkdirs(self.root)
             for d in (self.root / "shards", self.root / "index"):
                 with contextlib.suppress(FileExistsError):
                     d.mkdir(mode=DIR_MODE)
@@ -564,7 +564,7 @@ def footprint(size: int) -> int:
     return -(-size // 4096) * 4096 + _META_SLACK + _DIR_SHARE
 
 
-def _mkdirs(path: Path) -> None:
+def mkdirs(path: Path) -> None:
     """``mkdir -p`` that makes every level it creates ``DIR_MODE``, whatever the umask allows beyond it."""
     missing = []
     while not path.is_dir():

@@ -44,8 +44,8 @@ from pathlib import Path
 
 TIMEOUT = 120.0  # seconds for a whole run: a few times what the slowest takes on 2 busy cores
 MARK = "TIDAL_TEST_TREE"
-TOPOLOGY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
-TOPOLOGY += ("ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+TOPOLOGY = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}
+TOPOLOGY |= {"ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}  # and TORCHELASTIC_*
 TAIL = 6000  # characters of each output in a failure report
 TAIL_AFTER_TIMEOUT = 24000  # with the stack dumps
 PROC = os.path.isdir("/proc")  # Linux: the tree is found through /proc; elsewhere, the sessions we started
@@ -95,7 +95,8 @@ def torchrun_argv(script: Path | str, *args: str, nproc: int) -> list[str]:
 def torchrun(script: Path | str, *args: str, nproc: int, env: dict[str, str], timeout: float = TIMEOUT) -> str:
     """Run ``script`` under torchrun with ``nproc`` ranks (gloo on CPU is the script's business); its output."""
     argv = torchrun_argv(script, *args, nproc=nproc)
-    return run([Command(f"torchrun --nproc_per_node {nproc} {Path(script).name}", argv, env)], timeout)[0]
+    what = " ".join(["torchrun --nproc_per_node", str(nproc), Path(script).name, *args])
+    return run([Command(what, argv, env)], timeout)[0]
 
 
 def plain_ranks(

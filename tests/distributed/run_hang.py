@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 OUT = Path(sys.argv[1])
@@ -57,10 +58,10 @@ def main() -> None:
     import torch.utils.data
 
     class Stuck(torch.utils.data.IterableDataset):
-        def __iter__(self):  # type: ignore[no-untyped-def]
+        def __iter__(self) -> Iterator[int]:
             announce("worker")
             forever()
-            yield
+            yield 0
 
     next(iter(torch.utils.data.DataLoader(Stuck(), num_workers=2)))
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +21,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from procs import free_port
+
 KEY, SECRET, REGION = "testing-key", "testing-secret", "us-east-1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # moto's server, its buckets and objects put in before it listens (moto keeps them in memory

@@ -6,11 +6,11 @@ import contextlib
 import hashlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import procs
 import pytest
 
 from tidal.errors import StorageError
@@ -189,16 +189,15 @@ Cache(Path({root!r}), 10**6).acquire(Entry("s3://bucket/a", 8000, "v1"), fill)
 def test_kill_9_in_the_middle_of_a_download_leaves_no_shard_and_no_lock_that_blocks(tmp_path: Path) -> None:
     root, ready = tmp_path / "cache", tmp_path / "ready"
     code = HANG.format(src=SRC, ready=str(ready), root=str(root))
-    child = subprocess.Popen([sys.executable, "-c", code])
-    try:
+    with procs.Tree([procs.Command("downloader", [sys.executable, "-c", code], procs.child_env())]) as tree:
+        child = tree.procs[0]
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.02)
-        assert ready.exists(), "the child never started its download"
+        assert ready.exists(), f"the child never started its download\n{tree.report()}"
         cache = Cache(root, 10**6)
         assert cache.lookup(Entry("s3://bucket/a", 8000, "v1")) is None  # in progress: nothing to read
-    finally:
-        child.send_signal(signal.SIGKILL)
+        child.send_signal(signal.SIGKILL)  # leaving the tree kills it anyway, also when a check above fails
         child.wait(10)
     assert list(root.glob("shards/*.part")) and not list(root.glob("shards/*.shard"))  # half a file, never a shard
     t0 = time.monotonic()
@@ -238,8 +237,7 @@ with Cache(Path({root!r}), 10**6).acquire(Entry("s3://bucket/a", 5000, "v1"), fi
 def test_four_processes_that_want_the_same_file_download_it_once(tmp_path: Path) -> None:
     log = tmp_path / "fills.log"
     code = ONCE.format(src=SRC, log=str(log), root=str(tmp_path / "cache"))
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
-    assert [p.wait(60) for p in procs] == [0] * 4
+    procs.run([procs.Command(f"process {i}", [sys.executable, "-c", code], procs.child_env()) for i in range(4)], 60)
     assert log.read_text() == "fill\n"
 
 

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+import gloo_group
 import torch
 import torch.distributed as dist
 
@@ -23,7 +24,7 @@ def keep(record: dict) -> bool:
 
 def main() -> None:
     data, out = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("gloo")
+    gloo_group.join()
     ds = tidal.Dataset(data).filter(keep).batch(4, drop_last=True)
     loader = tidal.DataLoader(ds, num_workers=2)
     batches = []

@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+import gloo_group
 import torch
 import torch.distributed as dist
 
@@ -27,7 +28,7 @@ EPOCHS = 2
 
 def main() -> None:
     data, out, cycle, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    dist.init_process_group("gloo")
+    gloo_group.join()
     rank = dist.get_rank()
     ds = tidal.Dataset(data).shuffle(seed=seed, block_size=64, shards_per_block=3).repeat(EPOCHS).batch(4)
     loader = tidal.DataLoader(ds, num_workers=2)

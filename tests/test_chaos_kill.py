@@ -96,7 +96,8 @@ def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path: Path) -> N
             ids = consumed(job, cycles, finished=True)
             assert max(ids.values()) <= EPOCHS, f"job {job_index}: records consumed more than once per epoch"
             missing = sum(EPOCHS - ids[i] for i in range(total))
-            assert missing <= EPOCHS * MAX_READERS, f"job {job_index}: {missing} records lost"
+            # the documented remainder: fewer records than readers per epoch, on the last topology
+            assert missing <= EPOCHS * (MAX_READERS - 1), f"job {job_index}: {missing} records lost"
             finished_jobs += 1
             job_index += 1
             job, cycles, saves = tmp_path / f"job{job_index}", [], []

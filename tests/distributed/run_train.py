@@ -30,7 +30,12 @@ def main() -> None:
     data, out, cycle, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     gloo_group.join()
     rank = dist.get_rank()
-    ds = tidal.Dataset(data).shuffle(seed=seed, block_size=64, shards_per_block=3).repeat(EPOCHS).batch(4)
+    ds = (
+        tidal.Dataset(data)
+        .shuffle(seed=seed, block_size=64, shards_per_block=3)
+        .repeat(EPOCHS)
+        .batch(4, drop_last=False)
+    )
     loader = tidal.DataLoader(ds, num_workers=2)
     saved = out / "state.json"
     step = 0

@@ -21,7 +21,10 @@ def test_ranks_with_uneven_filtered_shares_end_each_pass_together(tmp_path: Path
     out = tmp_path / "out"
     out.mkdir()
     torchrun(SCRIPT, str(data), str(out), nproc=2, env=child_env(tmp_path / "cache"))
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = [r["batches"] for r in results]
+    for r in results:  # a state saved after 1 batch on rank 0 and 2 on rank 1
+        assert "different numbers of batches on different ranks ({0: 1, 1: 2})" in r["refused"]
     assert len(ranks[0]) == len(ranks[1]) > 0, "the ranks ran different numbers of steps"
     for p in (0, 1):
         ids = [i for r in ranks for b in r if b[0] == p for i in b[1:]]

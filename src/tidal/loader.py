@@ -33,6 +33,7 @@ import torch.utils.data
 
 from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin
 from tidal.dataset import Dataset
+from tidal.errors import StateError
 from tidal.pool import Ahead
 from tidal.state import keys as k
 from tidal.state import schema
@@ -256,6 +257,12 @@ class DataLoader(torch.utils.data.DataLoader):
         every: list[dict | None] = [None] * ranks.world_size
         if ranks.world_size > 1 and _distributed():
             torch.distributed.all_gather_object(every, local)
+            steps = {r: e[k.COUNTS][k.BATCHES] for r, e in enumerate(every) if e is not None}
+            if len(set(steps.values())) > 1:  # every rank yields as many batches: these were saved apart
+                raise StateError(
+                    f"state_dict() was called after different numbers of batches on different ranks ({steps}): "
+                    "call it on every rank at the same step"
+                )
         else:
             every[ranks.rank] = local
         topology = [ranks.world_size, self._workers]

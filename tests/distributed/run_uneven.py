@@ -2,7 +2,8 @@
 
 ``run_uneven.py DATA OUT`` under torchrun: every step does an all_reduce, as DDP's backward
 does, so a rank with a batch more than another would wait forever. Writes the ids of its
-batches to ``OUT/rank{R}.json``.
+batches to ``OUT/rank{R}.json``, and the error a state saved at different steps on the
+two ranks gets.
 """
 
 from __future__ import annotations
@@ -33,7 +34,17 @@ def main() -> None:
             step = torch.ones(1)
             dist.all_reduce(step)  # the collective every DDP step makes
             batches.append([passes, *batch["id"].tolist()])
-    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(batches))
+    # a state taken after different numbers of batches on different ranks is refused on every rank
+    apart = tidal.DataLoader(tidal.Dataset(data).repeat().batch(4), num_workers=0)
+    batches_apart = iter(apart)
+    for _ in range(1 + dist.get_rank()):
+        next(batches_apart)
+    try:
+        apart.state_dict()
+        refused = ""
+    except tidal.StateError as exc:
+        refused = str(exc)
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps({"batches": batches, "refused": refused}))
     dist.destroy_process_group()
 
 

@@ -196,14 +196,25 @@ class Dataset:
         self._before_batch("filter")
         return self._then(Filter(self._stage, fn))
 
-    def batch(self, size: int, drop_last: bool = True) -> Dataset:
+    def batch(self, size: int, drop_last: bool = True, *, continuous: bool = False) -> Dataset:
         """Group records into dicts of columns: numpy arrays where values share a shape, else lists.
 
+        ``continuous=True``: each of the ``size`` rows is a stream of its own over a disjoint
+        share of the data, and row ``i`` of the next batch continues row ``i`` of this one
+        (for truncated BPTT and memory-carrying models; see :mod:`tidal.stages.continuous`).
+
         >>> next(iter(ds.batch(8)))["id"]      # array([...]) of 8 ints
+        >>> ds.tokenize(tok).pack(512).batch(8, continuous=True)
         """
         self._before_batch("batch")
-        if not isinstance(size, int) or size < 1:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"batch size must be an int of at least 1, not {size!r}")
+        if continuous:
+            from tidal.stages.continuous import ContinuousBatch
+
+            if not drop_last:
+                raise ValueError("batch(continuous=True) keeps whole batches only: drop drop_last=False")
+            return self._then(ContinuousBatch(self._stage, size))
         return self._then(Batch(self._stage, size, bool(drop_last)))
 
     def tokenize(
@@ -300,6 +311,8 @@ class Dataset:
         size = 1
         for stage in _main_line(self._stage):
             if isinstance(stage, Batch) and stage is self._stage:
+                if type(stage) is not Batch:  # continuous rows: one item of each of several readers
+                    return None
                 size = stage.size
             elif isinstance(stage, Read):
                 return size if stage.plan.errors == "raise" else None

@@ -102,6 +102,7 @@ class Dataset:
             epochs=1,
             storage=settings if any(is_remote(s.path) for s in shards) else None,
             options=dict(options),
+            given={"src": _given(src), "format": format, "follow_links": follow_links},
         )
         self._init(Read(plan))
 
@@ -333,6 +334,30 @@ class Dataset:
             uneven |= not isinstance(stage, (Map, Batch, Tokenize))
         return uneven
 
+    # -- declarative configs ----------------------------------------------------------
+
+    def to_config(self) -> dict:
+        """This dataset's whole chain as plain, JSON-able data, for a JSON, YAML or TOML file
+        that :meth:`from_config` builds the same dataset from (see :mod:`tidal.config`).
+        Credentials are left out; functions are written by import path (a lambda cannot be).
+
+        >>> json.dump(ds.to_config(), open("pipeline.json", "w"))
+        """
+        from tidal import config
+
+        return config.describe(self)
+
+    @classmethod
+    def from_config(cls, config: Mapping | str | os.PathLike) -> Dataset:
+        """The dataset a config describes: a dict, or a ``.json``, ``.yaml`` or ``.toml`` file.
+        Every key is checked; an unknown one is a :class:`tidal.ConfigError` that names it.
+
+        >>> ds = tidal.Dataset.from_config("pipeline.yaml")
+        """
+        from tidal import config as schema
+
+        return schema.build(schema.load(config), cls, mix)
+
     def fingerprint(self) -> str:
         """A short digest of everything that decides the order; a saved state carries it."""
         text = json.dumps(self._stage.describe(), default=str)
@@ -371,6 +396,11 @@ class Dataset:
         """Make the next ``iter()`` continue from ``state``."""
         self._resume = state or None
         self._last = None
+
+
+def _given(src: Source) -> str | list[str]:
+    """``src`` as the user gave it, as plain data (what ``to_config()`` writes)."""
+    return os.fspath(src) if isinstance(src, (str, os.PathLike)) else [os.fspath(s) for s in src]
 
 
 class _SetPlan:

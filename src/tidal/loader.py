@@ -233,6 +233,19 @@ class DataLoader(torch.utils.data.DataLoader):
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
 
+    @classmethod
+    def from_config(cls, config: Any, **kwargs: Any) -> DataLoader:
+        """A loader over the dataset a config describes (:meth:`tidal.Dataset.from_config`), with
+        the settings of its ``loader`` section (``num_workers``, ``pin_memory``, ``device``, ...);
+        ``kwargs`` override them.
+
+        >>> loader = tidal.DataLoader.from_config("pipeline.yaml", num_workers=8)
+        """
+        from tidal import config as schema
+
+        data = schema.load(config)
+        return cls(Dataset.from_config(data), **{**schema.loader_settings(data), **kwargs})
+
     def _first_epoch(self) -> int:
         return self._pass * self.tidal_dataset.epochs_per_pass()
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tidal.errors import StateError, TidalError
+from tidal.errors import ConfigError, StateError, TidalError
 from tidal.formats import Errors, Located, Reader, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
@@ -41,6 +41,7 @@ class ReadPlan:
     epochs: int | None  # None: forever
     storage: Storage | None = None  # how to reach remote shards; None when every shard is local
     options: dict = field(default_factory=dict)  # format options (tidal.formats.OPTIONS)
+    given: dict = field(default_factory=dict, compare=False)  # src, format, follow_links as given: for to_config()
 
     @property
     def total(self) -> int:
@@ -79,6 +80,29 @@ class Read(Stage):
 
     def with_source(self, change: Callable[[Read], Read]) -> Stage:
         return change(self)
+
+    def to_config(self) -> dict:
+        p = self.plan
+        if not p.given:
+            raise ConfigError(f"{self.call()}: a source built by hand, not by tidal.Dataset(...), has no config")
+        source = {
+            "src": p.given["src"],
+            "columns": list(p.columns) if p.columns is not None else None,
+            "format": p.given["format"],
+            "errors": p.errors,
+            "format_options": dict(p.options),
+            "follow_links": p.given["follow_links"],
+        }
+        if p.storage is not None:
+            source.update(p.storage.to_config(s.path for s in p.shards))
+        steps: list[dict] = []
+        if p.seed is not None:
+            steps.append(
+                {"shuffle": {"seed": p.seed, "block_size": p.block_size, "shards_per_block": p.shards_per_block}}
+            )
+        if p.epochs != 1:
+            steps.append({"repeat": {"epochs": p.epochs}})
+        return {"source": {k: v for k, v in source.items() if v is not None and v != {}}, "steps": steps}
 
 
 class _Block:

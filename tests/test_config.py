@@ -19,6 +19,7 @@ from test_pack import word_tokenizer
 
 import tidal
 from tidal.cli import main
+from tidal.storage.config import public_source
 from tidal.testing import same
 
 
@@ -277,6 +278,8 @@ def test_credentials_never_reach_the_config(tmp_path: Path) -> None:
     assert source["cache_dir"] == str(tmp_path / "cache")
     again = tidal.Dataset.from_config(config)
     assert again.fingerprint() == ds.fingerprint() and len(list(again)) == 10
+    signed = "https://user:pa55@host.example/data/a.jsonl?X-Amz-Signature=abc"  # credentials in a URL itself
+    assert public_source([signed, "data/web"]) == (["https://host.example/data/a.jsonl", "data/web"], True)
 
 
 def test_the_loader_takes_its_settings_from_the_config(data: Path, tmp_path: Path) -> None:

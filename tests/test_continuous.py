@@ -194,3 +194,18 @@ def test_the_jax_loader_puts_its_workers_rows_side_by_side(tmp_path: Path) -> No
         resumed.load_state_dict(state)
         rest = [np.asarray(b["id"]).tolist() for b in itertools.islice(resumed, 7)]
     assert head + rest == whole  # the same row streams, whatever the worker count
+
+
+def test_a_mixture_in_every_row_resumes_exactly_and_counts_every_rows_draws(tmp_path: Path) -> None:
+    web = tidal.Dataset(make_shards(tmp_path / "web", [40, 30])).shuffle(seed=1, block_size=16).repeat()
+    code = tidal.Dataset(make_shards(tmp_path / "code", [25, 25])).repeat()
+    mixed = tidal.mix({"web": web, "code": code}, weights={"web": 2.0, "code": 1.0}, seed=3, stop="never")
+    ds = mixed.batch(4, continuous=True)
+    assert_resumes_exactly(ds, every=9, horizon=4, limit=60)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    list(itertools.islice(loader, 7))
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["progress"]["@mix"] == {"draws": 7 * 4}  # one draw per row per step
+    resumed = tidal.DataLoader(ds, num_workers=1)
+    resumed.load_state_dict(state)
+    assert next(iter(resumed))["id"].shape == (4,)

@@ -17,7 +17,7 @@ from tidal.shards import Shard
 from tidal.stages import Context, Stage, StageIterator
 from tidal.state import keys as k
 from tidal.state.view import View
-from tidal.storage.config import Storage
+from tidal.storage.config import Storage, public_source
 from tidal.storage.retry import redact_urls
 from tidal.tables import Table, concat, cut, take
 from tidal.world import World
@@ -85,8 +85,9 @@ class Read(Stage):
         p = self.plan
         if not p.given:
             raise ConfigError(f"{self.call()}: a source built by hand, not by tidal.Dataset(...), has no config")
+        src, removed = public_source(p.given["src"])
         source = {
-            "src": p.given["src"],
+            "src": src,
             "columns": list(p.columns) if p.columns is not None else None,
             "format": p.given["format"],
             "errors": p.errors,
@@ -95,6 +96,8 @@ class Read(Stage):
         }
         if p.storage is not None:
             source.update(p.storage.to_config(s.path for s in p.shards))
+        if removed:  # credentials in the URL itself
+            source["storage_options_removed"] = ["src", *source.get("storage_options_removed", [])]
         steps: list[dict] = []
         if p.seed is not None:
             steps.append(

@@ -144,6 +144,20 @@ _SECRET = re.compile(
 )
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")  # user:password@ in a URL
+_QUERY = re.compile(r"^(https?://[^?]+)\?.*$")  # a signed URL's query string
+
+
+def public_source(src: str | list[str]) -> tuple[str | list[str], bool]:
+    """``src`` without the credentials a URL may carry (``user:password@``, a signed URL's query
+    string), and whether there were any."""
+    if isinstance(src, list):
+        clean = [_QUERY.sub(r"\1", _USERINFO.sub("", s)) for s in src]
+        return clean, clean != src
+    one = _QUERY.sub(r"\1", _USERINFO.sub("", src))
+    return one, one != src
+
+
 def public_options(options: dict[str, Any], at: str = "") -> tuple[dict[str, Any], list[str]]:
     """``options`` without credentials (``key``, ``secret``, ``token``, ``password``, the
     ``aws_secret_access_key`` of ``client_kwargs``, ``Authorization`` headers...) and without

@@ -1,4 +1,4 @@
-"""The ``tidal`` command: ``inspect``, ``state show``, ``state skip`` and ``demo``."""
+"""The ``tidal`` command: ``inspect`` (a dataset, or a pipeline ``--config``), ``state show``, ``state skip`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from pathlib import Path
 def _inspect(args: argparse.Namespace) -> int:
     from tidal.dataset import Dataset
 
+    if args.config is not None:
+        return _inspect_config(args)
+    if args.path is None:
+        raise ValueError("give a PATH to inspect, or --config PIPELINE")
     ds = Dataset(args.path, format=args.format)
     total_bytes = sum(s.bytes for s in ds.shards)
     print(f"{len(ds.shards)} shards, {ds.num_records} records, {total_bytes / 1e6:.1f} MB")
@@ -18,6 +22,20 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"  {s.rows:>10}  {s.bytes / 1e6:>9.2f} MB  {s.format}{comp}  {s.path}")
     if len(ds.shards) > args.limit:
         print(f"  ... {len(ds.shards) - args.limit} more")
+    return 0
+
+
+def _inspect_config(args: argparse.Namespace) -> int:
+    """The pipeline a config resolves to, and what each of its sources holds."""
+    from tidal.dataset import Dataset
+
+    ds = Dataset.from_config(args.config)
+    print(repr(ds))
+    for key, plan in ds.sources().items():
+        total_bytes = sum(s.bytes for s in plan.shards)
+        name = f"stream {key[:-1]}" if key else "source"
+        print(f"  {name}: {len(plan.shards)} shards, {plan.total} records, {total_bytes / 1e6:.1f} MB")
+    print(f"fingerprint {ds.fingerprint()}")
     return 0
 
 
@@ -61,9 +79,10 @@ def _demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tidal", description="Stream training data larger than memory.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("inspect", help="list a dataset's shards and record counts")
-    p.add_argument("path")
+    p = sub.add_parser("inspect", help="list a dataset's shards and record counts, or show a pipeline config")
+    p.add_argument("path", nargs="?", default=None)
     p.add_argument("--format", default=None)
+    p.add_argument("--config", default=None, help="a pipeline config (.yaml, .json, .toml): show what it resolves to")
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(run=_inspect)
     p = sub.add_parser("state", help="read or edit a saved DataLoader state")

@@ -1,4 +1,4 @@
-"""The ``tidal`` command: ``inspect``, ``state show``, ``state skip`` and ``demo``."""
+"""The ``tidal`` command: ``inspect``, ``convert``, ``state show``, ``state skip`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def _inspect(args: argparse.Namespace) -> int:
     if len(ds.shards) > args.limit:
         print(f"  ... {len(ds.shards) - args.limit} more")
     return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from tidal.convert import run_cli
+
+    return run_cli(args)
 
 
 def _state_show(args: argparse.Namespace) -> int:
@@ -66,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default=None)
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(run=_inspect)
+    p = sub.add_parser(
+        "convert", help="rewrite a dataset as Parquet or tidal token shards (restartable; processes or Ray)"
+    )
+    from tidal.convert import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(run=_convert)
     p = sub.add_parser("state", help="read or edit a saved DataLoader state")
     state_sub = p.add_subparsers(dest="action", required=True)
     q = state_sub.add_parser("show", help="epoch, position per stream, records and tokens consumed")

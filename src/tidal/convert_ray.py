@@ -6,9 +6,9 @@ does, so a conversion started on Ray can be finished locally and the other way r
 cluster (``ray_address="ray://head:10001"`` or ``"auto"``) every node needs tidal installed
 and must reach the source and the destination (object storage, or a shared file system).
 
-When this process started Ray (no Ray was running and no address was given: a local Ray of
-``workers`` CPUs, or all of them), it shuts it down at the end; a Ray it found running is left
-running.
+Where no Ray is initialized in this process, it connects to ``ray_address`` or starts a local Ray
+of ``workers`` CPUs (all of them when 1), and disconnects (a local Ray: stops it) at the end; a
+Ray already initialized, as in a notebook or a test, is used and left as it was.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ def run_ray(
         raise TidalError("--engine ray needs Ray: pip install 'ray[data]'") from None
     started = False
     if not ray.is_initialized():
-        options: dict[str, Any] = {"address": address} if address else {"num_cpus": workers if workers > 1 else None}
-        ray.init(**options, include_dashboard=False, log_to_driver=True)
-        started = not address
+        if address:  # a cluster: its own settings
+            ray.init(address=address)
+        else:
+            ray.init(num_cpus=workers if workers > 1 else None, include_dashboard=False)
+        started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(_task)
         job_ref = ray.put(job)

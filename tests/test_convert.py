@@ -178,6 +178,7 @@ def test_a_killed_conversion_restarts_with_its_finished_shards(big: Path, tmp_pa
     report = convert(tidal.Dataset(str(big)).map(fail_at), out, shard_size="4KB")
     assert report.resumed == len(finished) and report.records == 1500
     assert records(out) == records(big)
+    assert not (out / ".tidal-convert" / "staging").exists()
 
 
 def test_worker_processes_write_the_same_shards(big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from tidal.convert import run_cli
+    from tidal.convert.cli import run_cli
 
     return run_cli(args)
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser(
         "convert", help="rewrite a dataset as Parquet or tidal token shards (restartable; processes or Ray)"
     )
-    from tidal.convert import add_arguments
+    from tidal.convert.cli import add_arguments
 
     add_arguments(p)
     p.set_defaults(run=_convert)

@@ -187,6 +187,9 @@ def test_worker_processes_write_the_same_shards(big: Path, tmp_path: Path, monke
     monkeypatch.setenv(FAIL_FLAG, "1400")  # a worker process fails: its error reaches the caller
     with pytest.raises(RuntimeError, match="injected failure at id 1400"):
         convert(ds, tmp_path / "two", shard_size="4KB", workers=2)
+    monkeypatch.setenv(FAIL_FLAG, "1400:kill")  # a worker process dies: named as such
+    with pytest.raises(tidal.TidalError, match=r"a conversion process died .* run the same conversion again"):
+        convert(ds, tmp_path / "two", shard_size="4KB", workers=2)
     monkeypatch.delenv(FAIL_FLAG)
     two = convert(ds, tmp_path / "two", shard_size="4KB", workers=2)
     assert two.resumed >= 1 and two.shards == one.shards

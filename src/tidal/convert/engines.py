@@ -52,14 +52,21 @@ def run_processes(job: Job, todo: list[int], workers: int, done: Done) -> None:
             for f in finished:
                 shard = pending.pop(f)
                 try:
-                    done(f.result())
+                    result = f.result()
                 except BrokenProcessPool:
                     raise TidalError(
                         f"a conversion process died (killed, or out of memory) while writing {job.name(shard)}; "
                         "the finished shards are kept: run the same conversion again to go on"
                     ) from None
-    finally:
+                done(result)
+    except BaseException:
+        # an error or Ctrl-C: stop the other shards now rather than after they finish (they are
+        # written again, whole, by the next run), then let the pool wind down
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _task(job: Job, shard: int) -> tuple[int, dict]:

@@ -1,4 +1,4 @@
-"""The ``tidal`` command: ``inspect`` (a dataset, or a pipeline ``--config``), ``state show``, ``state skip`` and ``demo``."""
+"""The ``tidal`` command: ``inspect`` (a dataset, or a pipeline ``--config``), ``convert``, ``state show``, ``state skip`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ def _inspect_config(args: argparse.Namespace) -> int:
         print(f"  {name}: {len(plan.shards)} shards, {plan.total} records, {total_bytes / 1e6:.1f} MB")
     print(f"fingerprint {ds.fingerprint()}")
     return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from tidal.convert.cli import run_cli
+
+    return run_cli(args)
 
 
 def _state_show(args: argparse.Namespace) -> int:
@@ -85,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=None, help="a pipeline config (.yaml, .json, .toml): show what it resolves to")
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(run=_inspect)
+    p = sub.add_parser(
+        "convert", help="rewrite a dataset as Parquet or tidal token shards (restartable; processes or Ray)"
+    )
+    from tidal.convert.cli import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(run=_convert)
     p = sub.add_parser("state", help="read or edit a saved DataLoader state")
     state_sub = p.add_subparsers(dest="action", required=True)
     q = state_sub.add_parser("show", help="epoch, position per stream, records and tokens consumed")

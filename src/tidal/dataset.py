@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from tidal.formats import Errors, check_options
+from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
 from tidal.stages import Stage, walk
@@ -43,7 +44,8 @@ class Dataset:
     ...     batch["text"]  # a list of 8 strings
 
     ``src`` is a file, a directory (searched recursively for known file endings), a glob
-    (``**`` included) or a list of them. The format of each file is detected from its ending
+    (``**`` included) or a list of them, or a Hugging Face ``datasets.Dataset`` or
+    ``IterableDataset`` (see :mod:`tidal.hf_datasets`). The format of each file is detected from its ending
     and its siblings; ``format`` forces one (see :func:`tidal.formats.formats`).
     ``format_options`` go to the readers: ``allow_pickle`` (MDS and LitData ``pkl`` columns,
     refused by default: unpickling runs code from the data), ``decode_images`` (MDS image
@@ -89,9 +91,13 @@ class Dataset:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if overrides:
             settings = replace(settings, **overrides)
-        found = listing(src, settings, follow_links)
-        settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
-        shards = tuple(index(list(found), format, errors, settings, found))
+        src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
+        if held is not None:
+            shards = tuple(held)
+        else:
+            found = listing(src, settings, follow_links)
+            settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
+            shards = tuple(index(list(found), fmt, errors, settings, found))
         plan = ReadPlan(
             shards=shards,
             columns=tuple(columns) if columns is not None else None,

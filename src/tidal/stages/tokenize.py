@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tidal import env
 from tidal.errors import ConfigError, TidalError
 from tidal.stages import Context, StageIterator, Stateless, Step, add_stats
 from tidal.state.view import View
@@ -103,6 +104,7 @@ class Tokenize(Step):
     max_length: int | None = None
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
+        env.share_tokenizer_threads(ctx.world.num_workers)
         return TokenizeIterator(self.upstream.open(ctx, position), self.tokenizer, self.column, self.max_length)
 
     def facts(self) -> list:

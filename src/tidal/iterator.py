@@ -137,4 +137,7 @@ class DatasetIterator(Iterator[Any]):
     def __del__(self) -> None:
         top = getattr(self, "_top", None)
         if top is not None:
-            top.close()
+            try:  # noqa: SIM105  (not contextlib: as the interpreter exits, module globals are gone)
+                top.close()
+            except Exception:
+                pass

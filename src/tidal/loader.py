@@ -62,13 +62,49 @@ def _to_torch(value: Any) -> Any:
     return value
 
 
+def _narrow(value: np.ndarray) -> tuple[np.ndarray, bool]:
+    """An integer column as it crosses from a worker: as few bytes as its values need, and
+    whether the main process must widen it back to int64 (token ids stay uint16/uint32;
+    int64 labels and positions travel as int32). Pipes, not the work, bound packed batches."""
+    if value.dtype in (np.uint16, np.uint32):
+        return value, True
+    if value.dtype == np.int64 and value.size:
+        lo, hi = value.min(), value.max()
+        if lo >= -(1 << 31) and hi < (1 << 31):
+            return value.astype(np.int32), True
+    return value, False
+
+
+def _keep(value: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(value)
+
+
 class _Bundle(Bundle):
-    """A bundle whose items are tensors (views of the bundle's arrays), pinnable by torch."""
+    """A bundle whose items are tensors (views of the bundle's arrays), pinnable by torch.
+
+    Packed for another process (``pack``), its integer columns travel narrow (:func:`_narrow`)
+    and are widened to int64 as each batch is taken out in the main process."""
+
+    def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Any):
+        super().__init__(worker, items, states, end, pack, _keep if pack else widen)
+        self.wide: set[str] = set()
+        if self.columns is not None:
+            for name, col in self.columns.items():
+                if _numeric(col):
+                    self.columns[name], wide = _narrow(col)
+                    if wide:
+                        self.wide.add(name)
+        elif pack and self.items is not None:
+            self.items = [prepare(i, widen) for i in self.items]
 
     def item(self, j: int) -> Any:
         if self.columns is not None:
+            wide = self.wide
             return {
-                k: torch.from_numpy(col[j]) if _numeric(col) else _to_torch(col[j]) for k, col in self.columns.items()
+                k: (torch.from_numpy(col[j]).long() if k in wide else torch.from_numpy(col[j]))
+                if _numeric(col)
+                else _to_torch(col[j])
+                for k, col in self.columns.items()
             }
         assert self.items is not None
         return _to_torch(self.items[j])
@@ -369,8 +405,11 @@ class DataLoader(torch.utils.data.DataLoader):
                     break  # one consumed of it does not count: a pass's end starts the next afresh)
                 yield item
         finally:
-            if isinstance(source, Ahead):
-                source.close()
+            try:
+                if isinstance(source, Ahead):
+                    source.close()
+            except Exception:
+                pass
         if not stopped:
             if together:
                 _every_rank_has(False)  # the step the others are asking about

@@ -1,9 +1,11 @@
-"""The two shapes records take inside tidal, and the few operations stages need on them.
+"""The three shapes records take inside tidal, and the few operations stages need on them.
 
-A *table* is either a ``pyarrow.Table`` (columnar: Parquet, and anything Arrow reads) or a
-Python ``list`` of records (JSON lines, the output of ``map``, batches). Keeping Arrow
-tables columnar until a batch is assembled is what makes the Parquet path fast; keeping
-JSON as Python objects avoids a round trip through Arrow that costs more than it saves.
+A *table* is a ``pyarrow.Table`` (columnar: Parquet, and anything Arrow reads), a Python
+``list`` of records (JSON lines, the output of ``map``, batches), or :class:`Columns`: numpy
+arrays whose first axis is the record (packed sequences). Keeping Arrow tables columnar until
+a batch is assembled is what makes the Parquet path fast; keeping JSON as Python objects
+avoids a round trip through Arrow that costs more than it saves; packing makes many
+sequences at once as 2-D arrays, and a batch of them is a slice, never a stack of rows.
 """
 
 from __future__ import annotations
@@ -13,7 +15,18 @@ from typing import Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 
-Table: TypeAlias = "pa.Table | list[Any]"
+
+class Columns(dict):
+    """Records as numpy arrays of one length along their first axis: ``{"input_ids": (n, L), ...}``."""
+
+    def __len__(self) -> int:  # the records, not the columns
+        return len(next(iter(self.values()))) if dict.__len__(self) else 0
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {k: v[i] for k, v in self.items()}
+
+
+Table: TypeAlias = "pa.Table | list[Any] | Columns"
 
 
 def length(table: Table) -> int:
@@ -23,12 +36,16 @@ def length(table: Table) -> int:
 def take(table: Table, indices: np.ndarray) -> Table:
     if isinstance(table, pa.Table):
         return table.take(pa.array(indices, type=pa.int64()))
+    if isinstance(table, Columns):
+        return Columns({k: v[indices] for k, v in table.items()})
     return [table[i] for i in indices.tolist()]
 
 
 def cut(table: Table, start: int, stop: int) -> Table:
     if isinstance(table, pa.Table):
         return table.slice(start, stop - start)
+    if isinstance(table, Columns):
+        return Columns({k: v[start:stop] for k, v in table.items()})
     return table[start:stop]
 
 
@@ -40,6 +57,10 @@ def concat(tables: list[Table]) -> Table:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass  # columns of clashing types: fall back to records
+    if all(isinstance(t, Columns) for t in tables) and len({tuple(t) for t in tables}) == 1:
+        first = tables[0]
+        assert isinstance(first, Columns)
+        return Columns({k: np.concatenate([t[k] for t in tables]) for k in first})
     out: list[Any] = []
     for t in tables:
         out.extend(records(t))
@@ -47,17 +68,26 @@ def concat(tables: list[Table]) -> Table:
 
 
 def records(table: Table) -> list[Any]:
-    return table.to_pylist() if isinstance(table, pa.Table) else table
+    if isinstance(table, pa.Table):
+        return table.to_pylist()
+    if isinstance(table, Columns):
+        return [table.row(i) for i in range(len(table))]
+    return table
 
 
 def keep(table: Table, mask: list[bool]) -> Table:
     if isinstance(table, pa.Table):
         return table.filter(pa.array(mask, type=pa.bool_()))
+    if isinstance(table, Columns):
+        where = np.asarray(mask, dtype=bool)
+        return Columns({k: v[where] for k, v in table.items()})
     return [r for r, k in zip(table, mask, strict=True) if k]
 
 
 def columns(table: Table) -> dict[str, Any]:
     """A batch: fixed-shape values stacked into numpy arrays, everything else kept as lists."""
+    if isinstance(table, Columns):
+        return dict(table)
     if isinstance(table, pa.Table):
         return {name: _arrow_column(table.column(name)) for name in table.column_names}
     if not table:

@@ -54,6 +54,7 @@ VERSION = 1
 HEADER = struct.Struct("<8sIIQQ32x")  # 64 bytes
 INDEX = "index.json"
 _DTYPES: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_CLOSED = np.zeros(0, dtype=np.int64)  # what a closed shard holds (made once: close may run as Python exits)
 
 
 class TokenShard:
@@ -104,7 +105,7 @@ class TokenShard:
 
     def close(self) -> None:
         """Drop this reader's references; records already read keep the map alive."""
-        self.offsets = self.ids = np.zeros(0, dtype=self.dtype)
+        self.offsets = self.ids = _CLOSED
 
 
 def scan(path: str, compression: str | None, file: str | None = None) -> dict:

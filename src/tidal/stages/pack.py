@@ -36,7 +36,7 @@ from tidal.errors import StateError, TidalError
 from tidal.stages import Context, StageIterator, Step, add_stats
 from tidal.state import keys as k
 from tidal.state.view import View
-from tidal.tables import Table, records
+from tidal.tables import Columns, Table, records
 
 IGNORE = -100
 
@@ -110,27 +110,31 @@ def _doc_tokens(recs: list, cfg: PackConfig) -> list[np.ndarray]:
     return docs
 
 
-def _window(tokens: np.ndarray, starts: np.ndarray, cfg: PackConfig) -> dict:
-    """One concat sequence from ``seq_len`` tokens (one more when labels shift) and the mask
-    of where documents start among them."""
+def _windows(tokens: np.ndarray, starts: np.ndarray, n: int, cfg: PackConfig) -> Columns:
+    """``n`` concat sequences at once from ``n * seq_len`` tokens (one more when labels shift)
+    and the mask of where documents start among them: every column a 2-D array."""
     L = cfg.seq_len
-    idx = np.arange(L)
-    begins = starts[:L].copy()
-    begins[0] = True  # the sequence itself starts a piece
+    flat = slice(0, n * L)
+    begins = starts[flat].reshape(n, L).copy()
+    begins[:, 0] = True  # each sequence itself starts a piece
     if cfg.shift_labels:
-        labels = tokens[1 : L + 1].astype(np.int64)
+        labels = tokens[1 : n * L + 1].astype(np.int64).reshape(n, L)
         if cfg.mask_boundaries:
-            labels[starts[1 : L + 1]] = IGNORE
+            labels[starts[1 : n * L + 1].reshape(n, L)] = IGNORE
     else:
-        labels = tokens[:L].astype(np.int64)
+        labels = tokens[flat].astype(np.int64).reshape(n, L)
         if cfg.mask_boundaries:
-            labels[1:][starts[1:L]] = IGNORE
-    return {
-        "input_ids": tokens[:L].copy(),
-        "labels": labels,
-        "position_ids": idx - np.maximum.accumulate(np.where(begins, idx, 0)),
-        "segment_ids": np.cumsum(begins, dtype=np.int32),
-    }
+            inner = starts[flat].reshape(n, L).copy()
+            inner[:, 0] = False  # the first token of a sequence is predicted from nothing before it
+            labels[inner] = IGNORE
+    idx = np.arange(L)
+    last_begin = np.maximum.accumulate(np.where(begins, idx, 0), axis=1)
+    return Columns(
+        input_ids=tokens[flat].reshape(n, L).copy(),
+        labels=labels,
+        position_ids=idx - last_begin,
+        segment_ids=np.cumsum(begins, axis=1, dtype=np.int32),
+    )
 
 
 class _Chunk:
@@ -140,8 +144,9 @@ class _Chunk:
         self.position, self.used = position, used
         self.tokens = np.concatenate(docs) if docs else np.zeros(0, dtype=dtype)
         lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
+        self.first = (np.cumsum(lengths) - lengths)[lengths > 0]  # where each document starts
         self.starts = np.zeros(len(self.tokens), dtype=bool)
-        self.starts[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
+        self.starts[self.first] = True
 
 
 class ConcatPackIterator(StageIterator):
@@ -177,22 +182,19 @@ class ConcatPackIterator(StageIterator):
 
     def next(self, max_items: int) -> Table:
         cfg = self._cfg
-        need = cfg.seq_len + (1 if cfg.shift_labels else 0)
-        out: list[dict] = []
-        while len(out) < max_items:
-            while self._available() < need and not self._ended:
-                self._pull()
-            if self._available() < need:
-                break  # the remainder of the stream, shorter than a sequence
-            tokens, starts = self._gather(need)
-            out.append(_window(tokens, starts, cfg))
-            self._pos += cfg.seq_len
-            while self._chunks and self._pos >= len(self._chunks[0].tokens):
-                self._pos -= len(self._chunks.popleft().tokens)
-        if not out:
-            raise StopIteration
-        self.sequences += len(out)
-        self.tokens += len(out) * cfg.seq_len
+        shift = 1 if cfg.shift_labels else 0
+        while self._available() < max_items * cfg.seq_len + shift and not self._ended:
+            self._pull()
+        n = min(max_items, max(0, self._available() - shift) // cfg.seq_len)
+        if n == 0:
+            raise StopIteration  # the remainder of the stream, shorter than a sequence
+        tokens, starts = self._gather(n * cfg.seq_len + shift)
+        out = _windows(tokens, starts, n, cfg)
+        self._pos += n * cfg.seq_len
+        while self._chunks and self._pos >= len(self._chunks[0].tokens):
+            self._pos -= len(self._chunks.popleft().tokens)
+        self.sequences += n
+        self.tokens += n * cfg.seq_len
         return out
 
     def _gather(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,7 +228,7 @@ class ConcatPackIterator(StageIterator):
         if not self._up.exact or len(chunk.used) != 1:
             return chunk.used
         ((key, (epoch, offset)),) = chunk.used.items()
-        return {key: [epoch, offset + int(chunk.starts[: self._pos].sum())]}
+        return {key: [epoch, offset + int(np.searchsorted(chunk.first, self._pos))]}  # documents begun
 
     def stats(self) -> dict:
         return add_stats(self._up.stats(), {"sequences": self.sequences, "packed_tokens": self.tokens})

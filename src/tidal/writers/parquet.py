@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tidal.tables import Table
+from tidal.tables import Table, records
 
 ROW_GROUP_BYTES = 32 << 20
 COMPRESSION = "zstd"
@@ -60,6 +60,7 @@ def to_table(table: Table, schema: pa.Schema | None = None) -> pa.Table:
             return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise _misfit(table.to_pylist(), schema, exc) from None
+    table = records(table)  # packed Columns too
     if table and not all(isinstance(r, dict) for r in table):
         bad = next(r for r in table if not isinstance(r, dict))
         raise Misfit(

@@ -137,3 +137,18 @@ def test_a_same_topology_restore_after_an_elastic_one_continues_exactly(data: Pa
     assert ids(list(again)) == straight
     seen = [i for b in head + middle + straight for i in b]
     assert max(Counter(seen).values()) <= 2  # two epochs: nothing read more than once per epoch
+
+
+def test_stats_count_what_the_loop_consumed_and_log_a_line(data: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import time
+
+    loader = tidal.DataLoader(tidal.Dataset(data).shuffle(seed=1).repeat().batch(4), num_workers=2, log_every=0.05)
+    with caplog.at_level(logging.INFO, logger="tidal"):
+        for _ in itertools.islice(loader, 40):
+            time.sleep(0.005)  # a training step
+    stats = loader.stats()
+    assert stats["batches"] == 40 and stats["seconds"] > 0.2
+    assert 0 <= stats["wait_share"] < 1 and stats["wait_s"] <= stats["seconds"]
+    assert stats["rows_read"] >= 160 and stats["skipped"] == 0
+    assert any(r.getMessage().startswith("tidal: ") and "batches/s" in r.getMessage() for r in caplog.records)

@@ -93,6 +93,7 @@ class Bundle:
 
     def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Widen):
         self.worker, self.states, self.end = worker, states, end
+        self.stats: dict = {}  # the reader's counters when the bundle was made
         self.columns: dict[str, Any] | None = None
         self.items: list[Any] | None = None
         first = items[0] if items else None
@@ -159,12 +160,18 @@ def bundles(
                 if len(items) >= size or total >= MAX_BUNDLE_BYTES:
                     break
             else:
-                yield kind(worker, items, states, end=True, pack=pack, widen=widen)
+                yield _stamped(kind(worker, items, states, end=True, pack=pack, widen=widen), it)
                 return
-            yield kind(worker, items, states, end=False, pack=pack, widen=widen)
+            yield _stamped(kind(worker, items, states, end=False, pack=pack, widen=widen), it)
             size = min(2 * size, max_size)
     finally:
         it.close()
+
+
+def _stamped(bundle: Bundle, it: Any) -> Bundle:
+    """The bundle, with its reader's counters as they stand (rows read, skipped, downloads, ...)."""
+    bundle.stats = it.stats()
+    return bundle
 
 
 def round_robin(fetch: Callable[[int], Bundle], workers: int, start: int) -> Iterator[tuple[int, Bundle, int]]:

@@ -20,8 +20,10 @@ after it, which counts only when the batch reaches the training loop.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import sys
+import time
 from collections import deque
 from collections.abc import Iterator
 from types import FrameType
@@ -35,11 +37,13 @@ from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, s
 from tidal.dataset import Dataset
 from tidal.errors import StateError
 from tidal.pool import Ahead
+from tidal.stages import add_stats
 from tidal.stages.continuous import shared_rows
 from tidal.state import keys as k
 from tidal.state import schema
 from tidal.world import World
 
+_log = logging.getLogger("tidal")
 UNDO = 64  # batches the state can step back over (see _held_by_lightning)
 
 
@@ -151,6 +155,21 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         return bundles(it, worker, pack, _widen, kind=_Bundle)
 
 
+def describe(stats: dict) -> str:
+    """One line of :meth:`DataLoader.stats` for a log."""
+    parts = [
+        f"{stats['batches']} batches",
+        f"{stats['batches_per_s']:.1f} batches/s",
+        f"data wait {100 * stats['wait_share']:.1f}%",
+    ]
+    if stats["tokens"]:
+        parts.insert(2, f"{stats['tokens_per_s'] / 1e3:.1f}k tokens/s")
+    for key in ("skipped", "bytes_downloaded", "cache_hits", "retries"):
+        if stats.get(key):
+            parts.append(f"{key.replace('_', ' ')} {stats[key]}")
+    return "tidal: " + ", ".join(parts)
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -227,6 +246,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     >>> loader = tidal.DataLoader(ds, num_workers=4, device="cuda", prefetch_to_device=2)
 
+    ``loader.stats()`` says what the loader did and how long the loop waited for it;
+    ``log_every=60`` also logs a line of it every 60 seconds (logger ``tidal``, level INFO).
+
     Other keyword arguments go to ``torch.utils.data.DataLoader``,
     ``multiprocessing_context="spawn"`` included.
     """
@@ -239,7 +261,14 @@ class DataLoader(torch.utils.data.DataLoader):
     use_stateful_dataloader = True
 
     def __init__(
-        self, dataset: Dataset, num_workers: int = 0, *, device: Any = None, prefetch_to_device: int = 0, **kwargs: Any
+        self,
+        dataset: Dataset,
+        num_workers: int = 0,
+        *,
+        device: Any = None,
+        prefetch_to_device: int = 0,
+        log_every: float | None = None,
+        **kwargs: Any,
     ):
         if not isinstance(dataset, Dataset):
             raise TypeError(f"tidal.DataLoader takes a tidal.Dataset, not {type(dataset).__name__}")
@@ -265,6 +294,12 @@ class DataLoader(torch.utils.data.DataLoader):
         self._origin: dict | None = None  # progress an elastic restore started from
         self._local = schema.fresh_rank(self._workers)  # this rank's readers: what the training loop consumed
         self._undo: deque[tuple[int, dict | None, int, int, int]] = deque(maxlen=UNDO)  # how to step back a batch
+        self._reader_stats: dict[int, dict] = {}  # each reader's counters, from its latest bundle
+        self._batches = self._tokens = 0
+        self._waited = 0.0  # seconds the training loop waited for a batch
+        self._started: float | None = None
+        self._log_every = log_every
+        self._logged = 0.0
         self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
@@ -287,6 +322,30 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _sources(self) -> dict:
         return schema.sources_of(self.tidal_dataset.sources())
+
+    def stats(self) -> dict:
+        """This rank's counters since its first batch: batches, tokens, seconds, throughput, the
+        time the training loop waited on data and its share, and every reader's own counters
+        summed (records, rows read, skipped records and where, bytes downloaded, cache hits,
+        retries, records and tokens per mixed stream), as of each reader's latest bundle.
+
+        >>> loader.stats()["wait_share"]    # 0.02: the loop waited on data 2% of the time
+        """
+        seconds = time.perf_counter() - self._started if self._started is not None else 0.0
+        out: dict[str, Any] = {
+            "batches": self._batches,
+            "tokens": self._tokens,
+            "seconds": round(seconds, 3),
+            "batches_per_s": self._batches / seconds if seconds else 0.0,
+            "tokens_per_s": self._tokens / seconds if seconds else 0.0,
+            "wait_s": round(self._waited, 3),
+            "wait_share": self._waited / seconds if seconds else 0.0,
+        }
+        readers = add_stats(*self._reader_stats.values())
+        for internal in ("passed", "items"):  # positions, and items read ahead of the loop: not what it consumed
+            readers.pop(internal, None)
+        out.update({k: v for k, v in readers.items() if k not in out})
+        return out
 
     def state_dict(self) -> dict:
         """What the training loop has consumed, on every rank: small, JSON-able, topology-free.
@@ -384,6 +443,10 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         stopped = False
         parts: list[Any] = []  # continuous rows over several workers: this step's part of each
+        clock = time.perf_counter
+        asked = clock()  # when the training loop last asked for a batch
+        if self._started is None:
+            self._started = self._logged = asked
         try:
             for w, reader, tokens, item, copied in source:
                 if self._split and w != len(parts):
@@ -403,7 +466,14 @@ class DataLoader(torch.utils.data.DataLoader):
                 if together and not _every_rank_has(True):
                     stopped = True  # another rank ran out: this pass ends here for all (what this
                     break  # one consumed of it does not count: a pass's end starts the next afresh)
+                self._batches += 1
+                self._tokens += tokens
+                self._waited += clock() - asked
                 yield item
+                asked = clock()
+                if self._log_every is not None and asked - self._logged >= self._log_every:
+                    self._logged = asked
+                    _log.info("%s", describe(self.stats()))
         finally:
             try:
                 if isinstance(source, Ahead):
@@ -424,6 +494,7 @@ class DataLoader(torch.utils.data.DataLoader):
         """``(worker, reader state after it, tokens, batch, copy event)`` in round-robin order;
         with ``device`` (prefetching), the batch is already copied there."""
         for w, bundle, j in round_robin(lambda _: next(bundles), n, start):
+            self._reader_stats[bundle.worker] = bundle.stats
             item = bundle.item(j)
             tokens = 0
             if isinstance(item, dict) and isinstance(item.get("input_ids"), torch.Tensor):

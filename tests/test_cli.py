@@ -137,7 +137,7 @@ def test_inspect_reads_every_kind_of_format(tmp_path: Path) -> None:
     for name, (path, records, columns) in _formats(tmp_path / "formats").items():
         out = tidal_cli("inspect", str(path), "--samples", "1")
         assert out.returncode == 0, (name, out.stderr)
-        assert out.stdout.startswith(f"1 shards, {records} records"), (name, out.stdout)
+        assert out.stdout.startswith(f"1 shard, {records} records"), (name, out.stdout)
         assert f"format: {name}" in out.stdout, (name, out.stdout)
         for column in columns:
             assert column in out.stdout, (name, column, out.stdout)

@@ -3,13 +3,14 @@
 This module only builds the parser from the command modules (:mod:`tidal.commands`) and runs
 the one asked for. An error is one line on stderr, ``tidal COMMAND: what went wrong``, naming
 the file or URL it concerns, and exit status 2; ``--verbose`` (before or after the command)
-also prints the traceback. Ctrl-C is exit status 130.
+also prints the traceback. Ctrl-C is exit status 130; output cut short by its reader (``| head``) is not an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tidal {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`tidal inspect ... | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         if args.verbose:
             traceback.print_exc()

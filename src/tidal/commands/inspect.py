@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return _pipeline(ds, args)
     shards = ds.shards
     total = sum(s.bytes for s in shards)
-    print(f"{len(shards)} shards, {ds.num_records:,} records, {size(total)} in {args.url}")
+    print(f"{len(shards)} shard{'s' * (len(shards) != 1)}, {ds.num_records:,} records, {size(total)} in {args.url}")
     kinds = Counter(_kind(s) for s in shards)
     print("format: " + ", ".join(f"{kind} ({n} shard{'s' * (n > 1)})" for kind, n in kinds.most_common()))
     first = next((s for s in shards if s.rows), None)

@@ -163,7 +163,7 @@ def report(sim: Simulation, remote: bool, indent: str = "") -> str:
     )
     lines.append(
         f"data: {len(s.rows):,} shards, {sim.total_records:,} records, {size(sim.total_bytes)}; "
-        f"{order}: {sim.blocks:,} blocks in epoch {s.epoch}"
+        f"{order}: {sim.blocks:,} block{'s' * (sim.blocks != 1)} in epoch {s.epoch}"
     )
     readers = s.ranks * s.workers
     lines.append(

@@ -236,12 +236,13 @@ def _node(
             used += cached[s]
             downloads += 1
             downloaded += int(sizes[s])
-        busy = set().union(*holding.values())
-        for s in [s for s in lru if s not in busy]:
-            if used <= limit:
-                break
-            del lru[s]
-            used -= cached[s]
+        if used > limit:  # evict the least recently used shards that no reader holds
+            busy = set().union(*holding.values())
+            for s in [s for s in lru if s not in busy]:
+                if used <= limit:
+                    break
+                del lru[s]
+                used -= cached[s]
         too_small |= used > limit
         peak = max(peak, used)
     return Node(
@@ -261,14 +262,17 @@ def quality(
 ) -> dict:
     """Distinct shards per batch: measured on a sample of batches, and for a perfect shuffle."""
     n = max(1, setup.batch)
-    batches = [(i, k) for i, r in enumerate(readers) for k in range(r.records // n)]
-    if not batches:
+    per_reader = np.array([r.records // n for r in readers], dtype=np.int64)  # whole batches of each reader
+    first = np.concatenate([[0], np.cumsum(per_reader)])  # batch numbers over all readers
+    total = int(first[-1])
+    if total == 0:
         return {}
-    picks = np.linspace(0, len(batches) - 1, min(setup.sample_batches, len(batches))).round().astype(int)
+    picks = np.linspace(0, total - 1, min(setup.sample_batches, total)).round().astype(np.int64)
     owners: dict[int, np.ndarray] = {}
     distinct, largest = [], []
     for j in sorted(set(picks.tolist())):
-        i, k = batches[j]
+        i = int(np.searchsorted(first, j, side="right")) - 1
+        k = j - int(first[i])
         positions = _positions(readers[i].intervals, k * n, (k + 1) * n)
         shards = np.concatenate(
             [_owner(order, slices, owners, b)[p - int(order.starts[b])] for b, p in _by_block(order, positions)]

@@ -1,13 +1,11 @@
-"""The public surface: names, import cost, and the README's examples, run as written."""
+"""The public surface: names and import cost. (The examples of the README and docs/ run in test_docs.py.)"""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import make_shards
 
 import tidal
@@ -49,19 +47,3 @@ def train_tokenizer(path: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
     tok.train_from_iterator([f"record {i} of shard {i % 3}" for i in range(500)], trainer)
     tok.save(str(path))
-
-
-def readme_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-
-
-@pytest.mark.parametrize("index", range(len(readme_blocks())))
-def test_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: int) -> None:
-    make_shards(tmp_path / "data" / "web", [300, 200, 250], kinds=("jsonl.zst",))
-    train_tokenizer(tmp_path / "tokenizer.json")
-    monkeypatch.chdir(tmp_path)
-    try:
-        exec(compile(readme_blocks()[index], f"README.md block {index}", "exec"), {})
-    finally:
-        if "accelerate.state" in sys.modules:  # an example set up an Accelerator: leave none behind
-            sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)

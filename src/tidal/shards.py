@@ -24,7 +24,7 @@ import inspect
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,39 +203,49 @@ def index(
     errors: Errors = "raise",
     storage: Storage | None = None,
     stats: dict[str, FileStat | None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Shard]:
     """The shards of ``files``, from the cached index where it is still valid.
 
     Remote files (URLs) are indexed with ``storage``; ``stats`` may carry what their listing
-    said (size, version), which spares a request per file.
+    said (size, version), which spares a request per file. ``progress`` is called with the
+    number of files done as they are (the files the index already knows at once): for a
+    progress bar.
     """
+    done = progress or _nothing
     groups: dict[str | None, list[str]] = {}
     for f in files:
         groups.setdefault(protocol(f), []).append(f)
     if list(groups) == [None]:
-        return _index_local(files, format, errors)
+        return _index_local(files, format, errors, done)
     found: dict[str, Shard] = {}
     for proto, group in groups.items():
         if proto is None:
-            shards = _index_local(group, format, errors)
+            shards = _index_local(group, format, errors, done)
         else:
             settings = (storage or Storage()).for_files(group)
-            shards = _index_remote(group, format, errors, settings, stats or {})
+            shards = _index_remote(group, format, errors, settings, stats or {}, done)
         found.update((s.path, s) for s in shards)
     return [found[f] for f in files]
 
 
-def _index_local(files: list[str], format: str | None, errors: Errors) -> list[Shard]:
+def _nothing(done: int) -> None:
+    pass
+
+
+def _index_local(files: list[str], format: str | None, errors: Errors, progress: Callable[[int], None]) -> list[Shard]:
     root = os.path.commonpath([os.path.dirname(f) for f in files])
     where = _index_path(root)
     stats = {f: os.stat(f) for f in files}
     with _locked(where):
         entries = _load(where)
         todo = [f for f in files if not _fresh(entries.get(_key(f, root, format)), stats[f])]
+        progress(len(files) - len(todo))
         if todo:
             with ThreadPoolExecutor(min(16, len(todo))) as pool:
                 for f, entry in zip(todo, pool.map(lambda f: _scan(f, format, stats[f]), todo), strict=True):
                     entries[_key(f, root, format)] = entry
+                    progress(1)
             _save(where, entries)
     return _shards(files, entries, root, format, errors)
 
@@ -257,7 +267,12 @@ def _shards(files: list[str], entries: dict, root: str, format: str | None, erro
 
 
 def _index_remote(
-    urls: list[str], format: str | None, errors: Errors, storage: Storage, known: dict[str, FileStat | None]
+    urls: list[str],
+    format: str | None,
+    errors: Errors,
+    storage: Storage,
+    known: dict[str, FileStat | None],
+    progress: Callable[[int], None],
 ) -> list[Shard]:
     from tidal.storage.fetch import Fetcher
 
@@ -280,11 +295,13 @@ def _index_remote(
                     if _fresh_remote(e, stats[u]):
                         entries[_key(u, root, format)] = e
                 todo = [u for u in todo if not _fresh_remote(entries.get(_key(u, root, format)), stats[u])]
+            progress(len(urls) - len(todo))
             if todo:
                 with ThreadPoolExecutor(min(16, len(todo))) as pool:
                     scanned = pool.map(lambda u: _scan_remote(u, format, stats[u], fetcher), todo)
                     for u, entry in zip(todo, scanned, strict=True):
                         entries[_key(u, root, format)] = entry
+                        progress(1)
                 fetcher.cache.make_room(len(json.dumps(entries)) + 8192)  # the index lives in the cache: count it
                 _save(where, entries)
     finally:

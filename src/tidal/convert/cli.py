@@ -1,4 +1,4 @@
-"""The arguments of ``tidal convert`` and what it prints."""
+"""``tidal convert SRC DST``: its arguments and what it prints."""
 
 from __future__ import annotations
 
@@ -6,6 +6,19 @@ import argparse
 from typing import Any
 
 from tidal.convert import TARGETS, convert
+
+
+def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "convert",
+        parents=parents,
+        help="rewrite a dataset as Parquet or tidal token shards (restartable; processes or Ray)",
+        description="Rewrite SRC as Parquet (the same records) or as tidal token shards (pre-tokenized, "
+        "memory-mapped) in DST, with a hashed index. Run the same command again to finish an interrupted "
+        "conversion: finished shards are kept.",
+    )
+    add_arguments(p)
+    p.set_defaults(run=run_cli)
 
 
 def add_arguments(p: Any) -> None:
@@ -40,6 +53,20 @@ def add_arguments(p: Any) -> None:
     )
     p.add_argument("--format", default=None, help="the source's format, where its file endings do not tell")
     p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an fsspec storage option for reading SRC, repeatable (as in tidal inspect: a dotted key nests, a value is JSON where it parses)",
+    )
+    p.add_argument(
+        "--dst-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an fsspec storage option for writing DST, repeatable",
+    )
+    p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -49,6 +76,8 @@ def add_arguments(p: Any) -> None:
 
 def run_cli(args: Any) -> int:
     """``tidal convert``: convert, then print what was written."""
+    from tidal.commands import storage_options
+
     report = convert(
         args.src,
         args.dst,
@@ -62,6 +91,8 @@ def run_cli(args: Any) -> int:
         ray_address=args.ray_address,
         progress=args.progress,
         format=args.format,
+        storage_options=storage_options(args.storage_option) or None,
+        dst_options=storage_options(args.dst_option) or None,
     )
     print(report)
     return 0

@@ -1,0 +1,207 @@
+"""The commands of ``tidal``, one module each, and what they share.
+
+Each command module has ``add(subparsers)``, which declares its arguments (with help on every
+one) and sets ``run``: a function of the parsed arguments that returns the exit status.
+:mod:`tidal.cli` only builds the parser from them and turns errors into one line.
+
+What the commands share lives here: the arguments that name a dataset (a URL, ``--format``,
+``--columns``, ``--storage-option``, ``--cache-dir``, ``--config``) and opening it, with a
+progress bar while it is indexed; the progress bars themselves (tqdm, the ``cli`` extra, on
+stderr when it is a terminal or with ``--progress``); sizes and rates as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tidal.dataset import Dataset
+
+MODULES = (
+    "tidal.commands.inspect",
+    "tidal.commands.bench",
+    "tidal.commands.plan",
+    "tidal.convert.cli",
+    "tidal.commands.state",
+    "tidal.commands.demo",
+)
+
+
+# -- the arguments that name a dataset ---------------------------------------------------------
+
+
+def add_source(p: argparse.ArgumentParser, *, what: str) -> None:
+    """URL, ``--config`` and the options of ``tidal.Dataset`` that a command line can give."""
+    p.add_argument(
+        "url",
+        nargs="?",
+        default=None,
+        metavar="URL",
+        help=f"the data to {what}: a file, directory, glob or fsspec URL (s3://, gs://, hf://datasets/...), as tidal.Dataset reads it",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="PIPELINE",
+        help="a pipeline config (.yaml, .json, .toml; see tidal.Dataset.from_config) instead of URL",
+    )
+    p.add_argument("--format", default=None, help="the files' format, where their endings do not tell (e.g. jsonl)")
+    p.add_argument("--columns", default=None, help="comma-separated columns to read (default: all)")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an fsspec storage option, repeatable: endpoint_url=http://..., anon=true, "
+        "client_kwargs.region_name=eu-west-1 (a dotted key nests; a value is JSON where it parses, else a string)",
+    )
+    p.add_argument(
+        "--cache-dir", default=None, help="the shard cache for remote data (default ~/.cache/tidal/shards/...)"
+    )
+    add_progress(p)
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars on stderr (default: when stderr is a terminal; tqdm draws them: pip install 'tidal[cli]')",
+    )
+
+
+def storage_options(pairs: list[str]) -> dict[str, Any]:
+    """``["a=1", "client_kwargs.region_name=x"]`` as ``{"a": 1, "client_kwargs": {"region_name": "x"}}``.
+
+    >>> storage_options(["anon=true", "endpoint_url=http://127.0.0.1:9000"])
+    {'anon': True, 'endpoint_url': 'http://127.0.0.1:9000'}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--storage-option {pair.split('=')[0]!r}: expected KEY=VALUE")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        *parents, last = key.strip().split(".")
+        where = out
+        for name in parents:
+            inner = where.setdefault(name, {})
+            if not isinstance(inner, dict):
+                raise ValueError(f"--storage-option {key}: {name} is given both as a value and as a group")
+            where = inner
+        where[last] = value
+    return out
+
+
+def columns(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
+
+
+def open_dataset(args: argparse.Namespace) -> Dataset:
+    """The dataset the arguments name: ``--config``, else URL with the options given.
+
+    With progress bars on, the files are indexed first under a bar (the dataset then finds
+    them in the index it keeps); otherwise the dataset indexes them itself.
+    """
+    from tidal.dataset import Dataset
+
+    if args.config is not None:
+        if args.url is not None:
+            raise ValueError("give URL or --config PIPELINE, not both")
+        return Dataset.from_config(args.config)
+    if args.url is None:
+        raise ValueError("give a URL (a file, directory, glob or fsspec URL) or --config PIPELINE")
+    options = storage_options(args.storage_option)
+    kwargs: dict[str, Any] = {"storage_options": options or None, "cache_dir": args.cache_dir}
+    if progress_on(args):
+        _index_with_bar(args.url, args.format, options, args.cache_dir)
+    return Dataset(args.url, columns(args.columns), args.format, **kwargs)
+
+
+def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str | None) -> None:
+    from dataclasses import replace
+
+    from tidal.hf_datasets import resolve as resolve_hf
+    from tidal.shards import index, listing
+    from tidal.storage.config import Storage
+
+    src, fmt, _, held = resolve_hf(url, format, None)
+    if held is not None:
+        return
+    settings = replace(Storage(), options=options, cache_dir=cache_dir)
+    found = listing(src, settings)
+    bar = Bar(len(found), "index", "file", True)
+    try:
+        index(list(found), fmt, "skip", settings.for_files(found), found, progress=bar.update)
+    finally:
+        bar.close()
+
+
+# -- progress bars -------------------------------------------------------------------------------
+
+
+def progress_on(args: argparse.Namespace) -> bool:
+    flag = getattr(args, "progress", None)
+    return sys.stderr.isatty() if flag is None else bool(flag)
+
+
+class Bar:
+    """A tqdm bar on stderr when ``enabled`` and tqdm is installed; otherwise nothing at all."""
+
+    def __init__(self, total: float | None, desc: str, unit: str, enabled: bool, **kwargs: Any):
+        self._bar: Any = None
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+    def update(self, n: float = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def set(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+# -- numbers as text -----------------------------------------------------------------------------
+
+
+def size(n: float) -> str:
+    """Bytes as text, powers of 1000: ``size(1_234_000) == "1.23 MB"``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def rate(n: float) -> str:
+    """A count per second as text: ``rate(1_234_567) == "1.23M"``."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def seconds(t: float) -> str:
+    if t < 1:
+        return f"{t * 1000:.3g} ms"
+    if t < 120:
+        return f"{t:.3g} s"
+    if t < 7200:
+        return f"{t / 60:.3g} min"
+    return f"{t / 3600:.3g} h"

@@ -1,0 +1,176 @@
+"""``tidal inspect URL``: what a dataset holds, from its index and its first records.
+
+Format(s), shards, records, bytes, the columns and their types (from the first records read:
+Arrow types where the format reads Arrow, else the types of the values), a few sample records,
+and the shards one per line. Any format and any source ``tidal.Dataset`` reads, local or
+remote. With ``--config`` it shows the pipeline a config resolves to, its sources, and the
+first item the pipeline yields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from tidal.commands import add_source, open_dataset, size
+
+if TYPE_CHECKING:
+    from tidal.dataset import Dataset
+
+TEXT_CHARS = 100  # characters of a string shown in a sample
+ITEMS = 8  # elements of a list or array shown in a sample
+
+
+def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "inspect",
+        parents=parents,
+        help="what a dataset holds: formats, shards, records, columns and types, bytes, sample records",
+        description="Show what a dataset holds: its format(s), shards, records, bytes, columns and their types, "
+        "a few sample records, and the shards. Any format and source tidal.Dataset reads; with --config, the "
+        "pipeline a config resolves to and the first item it yields.",
+    )
+    add_source(p, what="inspect")
+    p.add_argument("--samples", type=int, default=3, metavar="N", help="sample records to show (default 3; 0: none)")
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="shards to list (default 20; the rest counted)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.samples < 0 or args.limit < 0:
+        raise ValueError("--samples and --limit cannot be negative")
+    ds = open_dataset(args)
+    if args.config is not None:
+        return _pipeline(ds, args)
+    shards = ds.shards
+    total = sum(s.bytes for s in shards)
+    print(f"{len(shards)} shard{'s' * (len(shards) != 1)}, {ds.num_records:,} records, {size(total)} in {args.url}")
+    kinds = Counter(_kind(s) for s in shards)
+    print("format: " + ", ".join(f"{kind} ({n} shard{'s' * (n > 1)})" for kind, n in kinds.most_common()))
+    first = next((s for s in shards if s.rows), None)
+    if first is not None:
+        table = _first_table(ds, max(args.samples, 64))
+        print(f"columns (of the first records, in {os.path.basename(first.path)}):")
+        for name, kind in column_types(table).items():
+            print(f"  {name:<20} {kind}")
+        if args.samples:
+            print(f"samples (the first {args.samples}, in file order):")
+            for record in _records(table)[: args.samples]:
+                print("  " + show(record))
+    print("shards:")
+    print(f"  {'records':>12}  {'bytes':>9}  format          path")
+    for s in shards[: args.limit]:
+        print(f"  {s.rows:>12,}  {size(s.bytes):>9}  {_kind(s):<14}  {s.path}")
+    if len(shards) > args.limit:
+        print(f"  ... {len(shards) - args.limit} more (--limit)")
+    return 0
+
+
+def _pipeline(ds: Dataset, args: argparse.Namespace) -> int:
+    """A config: the pipeline it resolves to, its sources, and the first item it yields."""
+    from tidal.world import World
+
+    print(repr(ds))
+    for key, plan in ds.sources().items():
+        name = f"stream {key[:-1]}" if key else "source"
+        formats = ", ".join(Counter(_kind(s) for s in plan.shards))
+        print(
+            f"  {name}: {len(plan.shards)} shards, {plan.total} records, "
+            f"{size(sum(s.bytes for s in plan.shards))} ({formats})"
+        )
+    print(f"fingerprint {ds.fingerprint()}")
+    if args.samples:
+        it = ds.iterator(World())
+        try:
+            first = next(it, None)
+        finally:
+            it.close()
+        if first is not None:
+            print("the first item the pipeline yields:")
+            if isinstance(first, dict):
+                for name, kind in column_types([first]).items():
+                    print(f"  {name:<20} {kind}")
+            print("  " + show(first))
+    return 0
+
+
+def _kind(shard: Any) -> str:
+    return shard.format + (f".{shard.compression}" if shard.compression else "")
+
+
+def _first_table(ds: Dataset, n: int) -> Any:
+    """Up to ``n`` records from the start of the first shard, as the source reads them (an Arrow
+    table where the format reads Arrow)."""
+    from tidal.stages import Context
+    from tidal.world import World
+
+    it = ds.stage.open(Context(World()), None)
+    try:
+        return it.next(n)
+    except StopIteration:
+        return []
+    finally:
+        it.close()
+
+
+def _records(table: Any) -> list[Any]:
+    from tidal.tables import records
+
+    return records(table)
+
+
+def column_types(table: Any) -> dict[str, str]:
+    """Column name to type: Arrow's for an Arrow table, else the types of the values of a list of records."""
+    import pyarrow as pa
+
+    if isinstance(table, pa.Table):
+        return {f.name: str(f.type) for f in table.schema}
+    seen: dict[str, list[str]] = {}
+    for record in table:
+        if not isinstance(record, dict):
+            seen.setdefault("(record)", []).append(type_name(record))
+            continue
+        for name, value in record.items():
+            seen.setdefault(name, []).append(type_name(value))
+    return {name: " | ".join(dict.fromkeys(kinds)) for name, kinds in seen.items()}
+
+
+def type_name(value: Any) -> str:
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return f"array[{value.dtype}]" + (f" of shape {value.shape}" if value.ndim > 1 else "")
+    if isinstance(value, np.generic):
+        return str(value.dtype)
+    if isinstance(value, list):
+        inner = dict.fromkeys(type_name(v) for v in value[:ITEMS])
+        return f"list[{' | '.join(inner) or '?'}]"
+    if isinstance(value, dict):
+        return "dict"
+    if value is None:
+        return "null"
+    return {"str": "string", "bytes": "binary"}.get(type(value).__name__, type(value).__name__)
+
+
+def show(value: Any, depth: int = 0) -> str:
+    """A record on one line: long strings, lists and arrays cut, bytes as their size."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {show(v, depth + 1)}" for k, v in value.items()) + "}"
+    if isinstance(value, str):
+        text = value if len(value) <= TEXT_CHARS else value[:TEXT_CHARS] + f"... ({len(value):,} chars)"
+        return repr(text)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<{size(len(value))} of bytes>"
+    if isinstance(value, np.ndarray):
+        head = ", ".join(str(v) for v in value.reshape(-1)[:ITEMS].tolist())
+        more = ", ..." if value.size > ITEMS else ""
+        return f"array[{value.dtype}, shape {value.shape}]([{head}{more}])"
+    if isinstance(value, (list, tuple)):
+        head = ", ".join(show(v, depth + 1) for v in value[:ITEMS])
+        more = f", ... ({len(value):,} items)" if len(value) > ITEMS else ""
+        return f"[{head}{more}]"
+    return repr(value)

@@ -1,0 +1,86 @@
+"""``tidal state show STATE`` and ``tidal state skip STATE --batches N``: read and edit a saved loader state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tidal.errors import StateError
+
+
+def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "state",
+        parents=parents,
+        help="read or edit a saved DataLoader state",
+        description="Read or edit a state saved by tidal.DataLoader.state_dict() (or tidal.jax.Loader) as JSON.",
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = actions.add_parser(
+        "show",
+        parents=parents,
+        help="epoch, position per stream, batches and tokens consumed",
+        description="Print what a saved state says: the pass and topology it was saved on, batches and tokens "
+        "consumed, and per source the epoch and the records used up.",
+    )
+    q.add_argument("state", metavar="STATE", help="a state saved as JSON (json.dump(loader.state_dict(), f))")
+    q.set_defaults(run=show)
+    q = actions.add_parser(
+        "skip",
+        parents=parents,
+        help="a new state that skips the next N batches (e.g. after a loss spike)",
+        description="Write a state that continues N batches (per rank) later than STATE, for stepping over the "
+        "data behind a loss spike. Exact for plain batches; an estimate otherwise (see tidal.state.skip).",
+    )
+    q.add_argument("state", metavar="STATE", help="a state saved as JSON")
+    q.add_argument("--batches", type=int, required=True, help="batches per rank to skip")
+    q.add_argument("-o", "--output", default=None, help="where to write the new state (default: STATE.skipN.json)")
+    q.set_defaults(run=skip)
+
+
+def read(path: str) -> dict:
+    """A state file's JSON; errors name the file (and where the JSON breaks)."""
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as exc:
+        raise StateError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StateError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+
+
+def _named(path: str, exc: StateError) -> StateError:
+    return StateError(f"{path}: {exc}")
+
+
+def show(args: argparse.Namespace) -> int:
+    from tidal.state import show as describe
+
+    state = read(args.state)
+    try:
+        print(describe(state))
+    except StateError as exc:
+        raise _named(args.state, exc) from None
+    return 0
+
+
+def skip(args: argparse.Namespace) -> int:
+    from tidal.state import skip as skipped
+
+    state = read(args.state)
+    try:
+        new = skipped(state, args.batches)
+    except StateError as exc:
+        raise _named(args.state, exc) from None
+    stem = args.state[: -len(".json")] if args.state.endswith(".json") else args.state
+    out = args.output or f"{stem}.skip{args.batches}.json"
+    tmp = f"{out}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(new, f)
+    os.replace(tmp, out)
+    print(f"wrote {out}: continues {args.batches} batches per rank after {args.state}")
+    return 0

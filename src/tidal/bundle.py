@@ -20,6 +20,7 @@ This module imports neither torch nor JAX: ``tidal.DataLoader`` (torch workers) 
 from __future__ import annotations
 
 import pickle
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +33,7 @@ from tidal.state import keys as k
 
 MAX_BUNDLE = 1024
 MAX_BUNDLE_BYTES = 16 << 20
+MAX_BUNDLE_SECONDS = 0.05  # a bundle is sent once it took this long to make
 
 Widen = Callable[[np.ndarray], np.ndarray]
 
@@ -144,20 +146,24 @@ def bundles(
     it: Any, worker: int, pack: bool, widen: Widen, max_size: int = MAX_BUNDLE, kind: type[Bundle] = Bundle
 ) -> Iterator[Bundle]:
     """A reader's items (``it``: a :class:`tidal.iterator.DatasetIterator`) as bundles of
-    1, 2, 4, ... up to ``max_size`` items; the last one has ``end`` set (it may be empty)."""
+    1, 2, 4, ... up to ``max_size`` items, ``MAX_BUNDLE_BYTES`` or ``MAX_BUNDLE_SECONDS`` of
+    work (a loop waiting on a bundle of costly batches, such as tokenized ones, waits for all
+    of it); the last one has ``end`` set (it may be empty)."""
     size = 1
+    clock = time.perf_counter
     try:
         while True:
             items: list[Any] = []
             states: list[dict] = []
             total = 0
+            began = clock()
             for item in it:
                 items.append(item)
                 state = it.state()
                 state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
                 states.append(state)
                 total += nbytes(item)
-                if len(items) >= size or total >= MAX_BUNDLE_BYTES:
+                if len(items) >= size or total >= MAX_BUNDLE_BYTES or clock() - began >= MAX_BUNDLE_SECONDS:
                     break
             else:
                 yield _stamped(kind(worker, items, states, end=True, pack=pack, widen=widen), it)

@@ -39,7 +39,7 @@ from orjson import JSONDecodeError, loads
 from tidal.errors import FormatError, RecordError
 from tidal.formats import Errors, Options, Piece, source
 from tidal.formats.binary import open_stream
-from tidal.formats.lines import open_binary
+from tidal.formats.codecs import open_stream as open_decompressed
 
 NAME = "webdataset"
 __all__ = ["NAME", "decode", "open", "scan"]
@@ -89,7 +89,7 @@ def _members(path: str, tf: tarfile.TarFile, size: int | None) -> Any:
 def _open_tar(path: str, src: Any, compression: str | None) -> tuple[tarfile.TarFile, IO[bytes]]:
     if compression is not None and not isinstance(src, str):
         raise FormatError(f"{path}: a compressed tar is read from a local file")
-    f = open_stream(path, src) if compression is None else open_binary(src, compression)
+    f = open_stream(path, src) if compression is None else open_decompressed(path, src, compression)
     try:
         return tarfile.open(fileobj=f, mode="r:" if compression is None else "r|"), f
     except (tarfile.TarError, OSError, EOFError) as exc:

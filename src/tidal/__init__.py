@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tidal.dataset import Dataset, mix
-from tidal.errors import FormatError, RecordError, SourceError, StateError, StorageError, TidalError
+from tidal.errors import FormatError, RecordError, SchemaError, SourceError, StateError, StorageError, TidalError
 from tidal.shards import Shard
 from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
@@ -26,6 +26,7 @@ __all__ = [
     "Linear",
     "Piecewise",
     "RecordError",
+    "SchemaError",
     "Shard",
     "SourceError",
     "StateError",

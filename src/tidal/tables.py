@@ -13,6 +13,8 @@ from typing import Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 
+from tidal.errors import RecordError
+
 Table: TypeAlias = "pa.Table | list[Any]"
 
 
@@ -47,7 +49,19 @@ def concat(tables: list[Table]) -> Table:
 
 
 def records(table: Table) -> list[Any]:
-    return table.to_pylist() if isinstance(table, pa.Table) else table
+    if not isinstance(table, pa.Table):
+        return table
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(exc) from None
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> RecordError:
+    """A string column of bytes that are not UTF-8, found only when converted to Python: the
+    format readers validate what they read, so this is data from elsewhere (a table built by
+    hand, a Hugging Face dataset), whose file is not known here."""
+    return RecordError(f"a string column holds bytes that are not UTF-8: {exc}")
 
 
 def keep(table: Table, mask: list[bool]) -> Table:
@@ -59,7 +73,10 @@ def keep(table: Table, mask: list[bool]) -> Table:
 def columns(table: Table) -> dict[str, Any]:
     """A batch: fixed-shape values stacked into numpy arrays, everything else kept as lists."""
     if isinstance(table, pa.Table):
-        return {name: _arrow_column(table.column(name)) for name in table.column_names}
+        try:
+            return {name: _arrow_column(table.column(name)) for name in table.column_names}
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(exc) from None
     if not table:
         return {}
     first = table[0]

@@ -11,6 +11,11 @@ are read from the start instead: correct, just not cheap to open late.
 
 The index keeps each batch's row count (and, for streams, offset), so rows map to batches
 without opening the file.
+
+Arrow IPC has no checksums. Each record batch read is validated whole (buffers, offsets, UTF-8
+of strings), so a damaged one is a :class:`~tidal.errors.RecordError` naming the file and the
+batch's first row (its rows skipped under ``errors="skip"``), never a crash or garbage. A
+stream cut at a message boundary reads as a shorter stream: the format cannot tell.
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tidal.errors import FormatError, StorageError
-from tidal.formats import Errors, Options, Piece, source
+from tidal.errors import FormatError, RecordError, SchemaError, StorageError
+from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 from tidal.formats.binary import open_stream
 
 NAME = "arrow"
-__all__ = ["NAME", "open", "scan"]
+__all__ = ["NAME", "columns", "open", "scan"]
 
 FILE_MAGIC = b"ARROW1"
 
@@ -54,10 +59,14 @@ def scan(path: str, compression: str | None, file: Any = None) -> dict:
                 schema = reader.schema
             return {"rows": sum(batches), "batches": batches, "kind": "file", "columns": _columns(schema)}
         return _scan_stream(path, src)
-    except StorageError:
+    except (FormatError, StorageError):
         raise
-    except (pa.ArrowException, OSError) as exc:
+    except data_errors() as exc:
         raise _arrow_error(path, exc) from None
+
+
+def columns(info: dict) -> list[str]:
+    return list(info["columns"])
 
 
 def _scan_stream(path: str, src: Any) -> dict:
@@ -110,22 +119,38 @@ class ArrowReader:
             else:
                 self._file = pa.memory_map(self._src) if isinstance(self._src, str) else open_stream(path, self._src)
                 self._schema = pa.ipc.open_stream(self._file).schema
-        except (pa.ArrowException, OSError) as exc:
+        except StorageError:
+            raise
+        except data_errors() as exc:
             raise _arrow_error(path, exc) from None
         missing = [c for c in columns or [] if c not in self._schema.names]
         if missing:
-            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
         self._columns = columns
+        self._errors = errors
         self._all: pa.Table | None = None  # a stream without offsets, read whole once
 
-    def _batch(self, i: int) -> pa.RecordBatch | pa.Table:
-        """Record batch ``i``, fully validated: Arrow trusts IPC buffers, a damaged file must not crash a decode."""
+    def _batch(self, i: int) -> pa.RecordBatch | pa.Table | None:
+        """Record batch ``i``, fully validated (Arrow trusts IPC buffers: a damaged file must not
+        crash a decode), or None when it is unreadable and the policy skips it."""
+        rows = int(self._starts[i + 1] - self._starts[i])
         try:
             batch = self._read_batch(i)
+            if batch.num_rows != rows:
+                raise ValueError(f"{batch.num_rows} rows, the index says {rows}")
+            if batch.schema != self._schema:
+                raise ValueError(f"its schema differs from the file's: {batch.schema}")
             batch.validate(full=True)
             return batch
-        except (pa.ArrowException, OSError) as exc:
-            raise FormatError(f"{self.path}: unreadable record batch {i}: {exc}") from None
+        except StorageError:
+            raise
+        except data_errors() as exc:
+            row = int(self._starts[i])
+            bad(
+                self._errors,
+                RecordError(f"unreadable record batch {i} (rows {row}..{row + rows}): {exc}", path=self.path, row=row),
+            )
+            return None
 
     def _read_batch(self, i: int) -> pa.RecordBatch | pa.Table:
         if self._kind == "file":
@@ -140,20 +165,26 @@ class ArrowReader:
 
     def read(self, start: int, stop: int) -> Piece:
         parts = []
+        valid: np.ndarray | None = None
         b = int(np.searchsorted(self._starts, start, side="right")) - 1
         pos = start
         while pos < stop:
             b_start, b_stop = int(self._starts[b]), int(self._starts[b + 1])
             end = min(stop, b_stop)
             batch = self._batch(b)
-            if self._columns is not None:
-                batch = batch.select(self._columns)
-            part = batch.slice(pos - b_start, end - pos)
-            parts.append(part if isinstance(part, pa.Table) else pa.Table.from_batches([part]))
+            if batch is None:  # skipped: its rows are counted, not yielded
+                if valid is None:
+                    valid = np.ones(stop - start, dtype=bool)
+                valid[pos - start : end - start] = False
+            else:
+                if self._columns is not None:
+                    batch = batch.select(self._columns)
+                part = batch.slice(pos - b_start, end - pos)
+                parts.append(part if isinstance(part, pa.Table) else pa.Table.from_batches([part]))
             pos, b = end, b + 1
         if not parts:
-            return Piece(self._schema.empty_table().select(self._columns or self._schema.names))
-        return Piece(pa.concat_tables(parts))
+            return Piece(self._schema.empty_table().select(self._columns or self._schema.names), valid)
+        return Piece(pa.concat_tables(parts), valid)
 
     def close(self) -> None:
         if self._file is not None:

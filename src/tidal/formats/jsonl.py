@@ -1,4 +1,10 @@
-"""JSON lines: one JSON object per non-empty line, kept as Python dicts."""
+"""JSON lines: one JSON object per non-empty line, kept as Python dicts.
+
+A line that is not a JSON object, or (with ``columns=``) an object without one of the
+columns, is a :class:`~tidal.errors.RecordError` naming the file and line, handed to the
+``errors`` policy. JSON lines have no schema, so a column missing from every record of a
+block is a :class:`~tidal.errors.SchemaError` raised by the source stage, not a skip per row.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import numpy as np
 from orjson import JSONDecodeError, loads
 
 from tidal.errors import RecordError
-from tidal.formats import Errors, Options, Piece
+from tidal.formats import Errors, Options, Piece, bad
 from tidal.formats.lines import LineReader, scan
 
 NAME = "jsonl"
@@ -28,18 +34,32 @@ class JsonlReader:
         columns = self._columns
         rows, lines = self._lines.read_rows(start, stop)
         for i, data in enumerate(rows):
+            error: RecordError | None = None
             try:
                 rec = loads(data)
+            except JSONDecodeError as exc:  # also invalid UTF-8
+                error = RecordError(f"malformed JSON record: {exc}", path=self._path, line=lines[i])
+            else:
                 if not isinstance(rec, dict):
-                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                if columns is not None:
+                    error = RecordError(
+                        f"malformed JSON record: expected a JSON object, got {type(rec).__name__}",
+                        path=self._path,
+                        line=lines[i],
+                    )
+                elif columns is not None:
                     missing = [c for c in columns if c not in rec]
                     if missing:
-                        raise ValueError(f"no field {missing[0]!r} (fields: {', '.join(sorted(rec)) or 'none'})")
-                    rec = {c: rec[c] for c in columns}
-            except (JSONDecodeError, ValueError) as exc:
-                if self._errors == "raise":
-                    raise RecordError(f"malformed JSON record: {exc}", path=self._path, line=lines[i]) from None
+                        fields = ", ".join(sorted(rec)) or "none"
+                        error = RecordError(
+                            f"malformed JSON record: no field {missing[0]!r} (fields: {fields})",
+                            path=self._path,
+                            line=lines[i],
+                            column=missing[0],
+                        )
+                    else:
+                        rec = {c: rec[c] for c in columns}
+            if error is not None:
+                bad(self._errors, error)
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
                 valid[i] = False

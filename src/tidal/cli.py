@@ -10,15 +10,26 @@ from pathlib import Path
 def _inspect(args: argparse.Namespace) -> int:
     from tidal.dataset import Dataset
 
-    ds = Dataset(args.path, format=args.format)
+    ds = Dataset(args.path, format=args.format, errors=_note)
     total_bytes = sum(s.bytes for s in ds.shards)
-    print(f"{len(ds.shards)} shards, {ds.num_records} records, {total_bytes / 1e6:.1f} MB")
+    bad = [s for s in ds.shards if s.error is not None]
+    unreadable = f", {len(bad)} unreadable (not counted)" if bad else ""
+    print(f"{len(ds.shards)} shards, {ds.num_records} records, {total_bytes / 1e6:.1f} MB{unreadable}")
     for s in ds.shards[: args.limit]:
         comp = f".{s.compression}" if s.compression else ""
-        print(f"  {s.rows:>10}  {s.bytes / 1e6:>9.2f} MB  {s.format}{comp}  {s.path}")
+        rows = "unreadable" if s.error is not None else s.rows
+        print(f"  {rows:>10}  {s.bytes / 1e6:>9.2f} MB  {s.format}{comp}  {s.path}")
     if len(ds.shards) > args.limit:
         print(f"  ... {len(ds.shards) - args.limit} more")
-    return 0
+    for s in bad[: args.limit]:
+        print(f"unreadable: {s.error}")
+    if len(bad) > args.limit:
+        print(f"unreadable: ... {len(bad) - args.limit} more")
+    return 1 if bad else 0
+
+
+def _note(error: Exception) -> None:
+    """The errors policy of ``inspect``: a file that cannot be read is listed, not fatal."""
 
 
 def _state_show(args: argparse.Namespace) -> int:

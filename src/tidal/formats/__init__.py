@@ -245,6 +245,7 @@ def _data_errors() -> tuple[type[Exception], ...]:
     import pickle
     import struct
     import tarfile
+    import tokenize
     import zlib
 
     import pyarrow as pa
@@ -264,6 +265,8 @@ def _data_errors() -> tuple[type[Exception], ...]:
         decimal.InvalidOperation,
         pa.ArrowException,
         zstandard.ZstdError,
+        SyntaxError,  # numpy parses a .npy header with ast (and tokenize, for old headers)
+        tokenize.TokenError,
     )
 
 

@@ -34,7 +34,6 @@ _BIN_DTYPES = {"uint16": "<u2", "uint32": "<u4", "int32": "<i4", "int64": "<i8"}
 def _npy_header(path: str, src: Any) -> tuple[np.dtype, int, int]:
     """``(dtype, length, data offset)`` of a ``.npy`` file, checked to be 1-D integers."""
     f = open_stream(path, src)
-    errors: tuple[type[Exception], ...] = (SyntaxError, *data_errors())  # numpy parses the header with ast
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
@@ -42,7 +41,7 @@ def _npy_header(path: str, src: Any) -> tuple[np.dtype, int, int]:
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(f)
         offset = f.tell()
-    except errors as exc:
+    except data_errors() as exc:
         raise FormatError(f"{path}: not a readable .npy file: {exc}") from None
     finally:
         f.close()

@@ -53,7 +53,7 @@ def scan(path: str, compression: str | None, file: Any = None) -> dict:
         raise FormatError(f"{path}: Arrow IPC compresses inside the file; a {compression} wrapper is not supported")
     try:
         if _is_file(path, src):
-            with pa.memory_map(src) if isinstance(src, str) else open_stream(path, src) as f:
+            with _native(path, src) as f:
                 reader = pa.ipc.open_file(f)
                 batches = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
                 schema = reader.schema
@@ -72,7 +72,7 @@ def columns(info: dict) -> list[str]:
 def _scan_stream(path: str, src: Any) -> dict:
     offsets: list[int] = []
     dictionaries = False
-    with open_stream(path, src) as f:
+    with _native(path, src) as f:
         messages = pa.ipc.MessageReader.open_stream(f)
         try:
             first = messages.read_next_message()
@@ -89,7 +89,7 @@ def _scan_stream(path: str, src: Any) -> dict:
             dictionaries |= msg.type == "dictionary"
             if msg.type == "record batch":
                 offsets.append(at)
-    with open_stream(path, src) as f:  # rows per batch: the reader that resolves dictionaries
+    with _native(path, src) as f:  # rows per batch: the reader that resolves dictionaries
         reader = pa.ipc.open_stream(f)
         batches = [b.num_rows for b in reader]
         schema = reader.schema
@@ -97,6 +97,12 @@ def _scan_stream(path: str, src: Any) -> dict:
     if not dictionaries:
         info["offsets"] = offsets
     return info
+
+
+def _native(path: str, src: Any) -> Any:
+    """A local file memory-mapped, so that a damaged length reads past its end as an Arrow
+    error (read through Python, it would ask for that many bytes: a MemoryError)."""
+    return pa.memory_map(src) if isinstance(src, str) else open_stream(path, src)
 
 
 def _columns(schema: pa.Schema) -> dict[str, str]:
@@ -113,11 +119,11 @@ class ArrowReader:
         self._file: Any = None
         try:
             if self._kind == "file":
-                self._file = pa.memory_map(self._src) if isinstance(self._src, str) else open_stream(path, self._src)
+                self._file = _native(path, self._src)
                 self._reader = pa.ipc.open_file(self._file)
                 self._schema = self._reader.schema
             else:
-                self._file = pa.memory_map(self._src) if isinstance(self._src, str) else open_stream(path, self._src)
+                self._file = _native(path, self._src)
                 self._schema = pa.ipc.open_stream(self._file).schema
         except StorageError:
             raise

@@ -17,6 +17,12 @@ whose writing never began (Python's ``gzip`` module would read it as no data).
 
 A failure is a :class:`~tidal.errors.FormatError` naming the file and the compressed byte
 offset: the frame's start for zstd, the position reached in the file for gzip and bz2.
+
+A CRC or checksum comes at the end of what it covers, so a stream's bytes are known good only
+once it is read to its end. The index scan does that for every compressed file, so damage
+there is found before any record is read. A file damaged after indexing while keeping its
+size and modification time (bit rot) is caught as it is read, at the end of its member or
+frame: in a large file, records before that point may already have been read.
 """
 
 from __future__ import annotations

@@ -212,9 +212,10 @@ class TarReader:
 
     def _pull(self) -> tuple[tarfile.TarInfo, bytes] | None:
         """The next member of a compressed tar's stream, with its data (streams must read it now)."""
-        assert self._tar is not None
+        assert self._tar is not None and self._file is not None
         m = next(self._iter, None)
-        if m is None:
+        if m is None:  # the last member: read on to the end, so the codec checks the last bytes too
+            _drain(self.path, self._file)
             return None
         try:
             f = self._tar.extractfile(m)

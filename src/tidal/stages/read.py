@@ -207,7 +207,8 @@ class ReadIterator(StageIterator):
         self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
         total = plan.total
         if total == 0 and plan.epochs is None:
-            raise TidalError("the dataset has no records, so it cannot repeat forever")
+            files = ", ".join(s.path for s in plan.shards[:3]) + (", ..." if len(plan.shards) > 3 else "")
+            raise TidalError(f"the dataset has no records, so it cannot repeat forever (its files: {files})")
         if plan.epochs is None and not share(total, [], world.consumers, world.consumer, drop_remainder=False):
             raise TidalError(
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "

@@ -281,9 +281,11 @@ def plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return plain(value.tolist()) if value.dtype.kind == "f" else value.tolist()
     if isinstance(value, np.generic):
-        return value.item()
+        return plain(value.item())
+    if isinstance(value, float) and value != value:  # damage can make a NaN, which equals nothing
+        return "NaN"
     return value
 
 

@@ -125,10 +125,13 @@ class ArrowReader:
             else:
                 self._file = _native(path, self._src)
                 self._schema = pa.ipc.open_stream(self._file).schema
+            found = _columns(self._schema)  # also decodes the names: a damaged one fails here
         except StorageError:
             raise
         except data_errors() as exc:
             raise _arrow_error(path, exc) from None
+        if "columns" in info and found != info["columns"]:
+            raise FormatError(f"{path}: its schema {found} is not the {info['columns']} it was indexed with; damaged?")
         missing = [c for c in columns or [] if c not in self._schema.names]
         if missing:
             raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")

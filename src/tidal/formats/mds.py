@@ -196,6 +196,11 @@ class MdsReader:
         self.path = path
         self._shard = Shard(path, source(path, info), compression)
         names = self._shard.names
+        found = dict(zip(names, self._shard.encodings, strict=True))
+        if "columns" in info and found != info["columns"]:
+            raise FormatError(
+                f"{path}: its columns {found} are not the {info['columns']} it was indexed with; damaged?"
+            )
         missing = [c for c in columns or [] if c not in names]
         if missing:
             raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")

@@ -83,6 +83,8 @@ class ParquetReader:
             names = self._file.schema_arrow.names
         except data_errors() as exc:
             raise FormatError(f"{path}: not a readable Parquet file: {exc}") from None
+        if "names" in info and names != info["names"]:
+            raise FormatError(f"{path}: its columns {names} are not the {info['names']} it was indexed with; damaged?")
         missing = [c for c in columns or [] if c not in names]
         if missing:
             raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")

@@ -56,7 +56,7 @@ import tidal
 from tidal.formats.tokens import TokenWriter
 
 FAST = 75  # inputs per reader in the default run
-LONG = 250  # and in the slow one
+LONG = 200  # and in the slow one
 DEADLINE_S = 30.0  # per input; generous: the test machine is shared
 
 COUNTS: Counter[str] = Counter()

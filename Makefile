@@ -1,15 +1,29 @@
-# The two set-up commands: `make demo` and `make test`. Both create or reuse .venv.
+# The two set-up commands: `make demo` and `make test`. Both create or reuse .venv and install
+# the development environment, `.[torch,dev]`, at the exact versions of $(LOCK).
+#
+# Refresh the lock (newer releases, or a changed dependency in pyproject.toml): `make lock`.
+# It resolves `.[torch,dev]` afresh in a scratch venv, torch held at 2.13.0 (the CPU build
+# this machine has on disk: any other version downloads a CUDA build of several GB), and
+# writes what got installed, `pip freeze`, to $(LOCK). Commit the new lock; the next `make`
+# reinstalls .venv from it.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tidal-installed
+LOCK := requirements/dev.lock
+# the peers' writers for the format tests, installed without their dependencies (see the file)
+PEERS := requirements/peers.txt
+LOCK_VENV := .venv-lock
+TORCH := torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench lock clean
 
-$(STAMP): pyproject.toml Makefile
+# Reinstalls when the lock, pyproject.toml or this file changes. --no-compile: Python compiles
+# the modules a run imports when it first imports them, not every file of every package now.
+$(STAMP): $(LOCK) $(PEERS) pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[torch,dev]'
+	$(BIN)/python -m pip install -q --no-compile -c $(LOCK) -e '.[torch,dev]'
+	$(BIN)/python -m pip install -q --no-compile --no-deps -r $(PEERS)
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,5 +40,19 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/bench_read.py
 
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	echo '$(TORCH)' > $(LOCK_VENV)/torch.txt
+	$(LOCK_VENV)/bin/python -m pip install -q -c $(LOCK_VENV)/torch.txt $(TORCH)
+	$(LOCK_VENV)/bin/python -m pip install -q -c $(LOCK_VENV)/torch.txt -e '.[torch,dev]'
+	$(LOCK_VENV)/bin/python -m pip check
+	{ echo '# The development environment, .[torch,dev], at exact versions: `make` installs it with'; \
+	  echo '# `pip install -c $(LOCK) -e ".[torch,dev]"`. Made by `make lock` (Python' \
+	    "$$($(LOCK_VENV)/bin/python -c 'import platform; print(platform.python_version())'));" 'do not edit by hand.'; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | sed 's/^\(torch==[^+]*\)+cpu$$/\1/'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(LOCK_VENV)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -10,10 +10,15 @@ kinds taken in turn from ``kinds``:
   the connection is closed;
 - ``truncate``: the real response, its ``Content-Length`` intact, but only half its body.
 
+With ``rate`` (and ``seed``) the faults come at random instead: each request is broken with
+probability ``rate``, its kind drawn from ``kinds``, and a ``429`` or ``503`` comes as a burst
+of ``burst`` requests in a row, as a throttling store sends them. The draws follow a
+generator seeded with ``seed``, so every run injects the same sequence of faults.
+
 With ``only`` (a predicate of method, target and headers), only the requests it accepts
 are counted and broken. The rest are forwarded as they are, after ``delay_s`` seconds (a
-slow network, to see what prefetching hides). Faults follow a count, not chance, so a retried
-request always gets through and every test run sees the same faults. Everything is bounded:
+slow network, to see what prefetching hides). With ``every``, faults follow a count, not
+chance, so a retried request always gets through and every test run sees the same faults. Everything is bounded:
 each connection's loop ends when either side closes it, a stall ends at ``stall_s`` or at
 ``stop()``, and ``stop()`` closes every connection.
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import random
 import socket
 import socketserver
 import struct
@@ -152,12 +158,18 @@ class FaultProxy:
         stall_s: float = 3.0,
         only: Callable[[str, str, list[tuple[str, str]]], bool] | None = None,
         delay_s: float = 0.0,
+        rate: float = 0.0,
+        seed: int = 0,
+        burst: int = 1,
     ):
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown faults: {unknown}")
         self.upstream, self.every, self.kinds, self.stall_s, self.only = upstream, every, kinds, stall_s, only
         self.delay_s = delay_s
+        self.rate, self.burst = rate, burst
+        self._rng = random.Random(seed)
+        self._burst: list[str] = []  # the rest of a burst under way
         self.faults: Counter[str] = Counter()
         self.requests = 0
         self._lock = threading.Lock()
@@ -176,9 +188,18 @@ class FaultProxy:
         with self._lock:
             self.requests += 1
             n = self.requests
-            if not self.every or n % self.every:
+            if self._burst:
+                kind = self._burst.pop()
+            elif self.rate:
+                if self._rng.random() >= self.rate:
+                    return None
+                kind = self._rng.choice(self.kinds)
+                if kind in ("429", "503"):
+                    self._burst = [kind] * (self.burst - 1)
+            elif not self.every or n % self.every:
                 return None
-            kind = self.kinds[(n // self.every - 1) % len(self.kinds)]
+            else:
+                kind = self.kinds[(n // self.every - 1) % len(self.kinds)]
             if kind == "truncate" and method == "HEAD":
                 kind = "reset"  # a HEAD has no body to cut
             self.faults[kind] += 1

@@ -92,12 +92,13 @@ def test_accelerate_prepare_save_and_load_state_in_one_process(
 
 @pytest.mark.slow
 def test_accelerate_over_two_processes_reads_each_record_once_and_resumes(data: Path, tmp_path: Path) -> None:
-    from procs import torchrun_script
+    from procs import child_env, torchrun
 
     out = tmp_path / "out"
     out.mkdir()
-    torchrun_script(CLIENTS / "run_accelerate.py", [str(data), str(out), "run"], tmp_path, nproc=2)
-    torchrun_script(CLIENTS / "run_accelerate.py", [str(data), str(out), "resume"], tmp_path, nproc=2)
+    env = child_env(tmp_path / "cache")
+    torchrun(CLIENTS / "run_accelerate.py", str(data), str(out), "run", nproc=2, env=env)
+    torchrun(CLIENTS / "run_accelerate.py", str(data), str(out), "resume", nproc=2, env=env)
     runs = [json.loads((out / f"run-{r}.json").read_text()) for r in range(2)]
     resumed = [json.loads((out / f"resume-{r}.json").read_text()) for r in range(2)]
     seen = [i for r in runs for b in r for i in b]

@@ -17,18 +17,13 @@ The order of an epoch's positions is taken from iterating the unsplit dataset in
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import itertools
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
+import procs
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -43,7 +38,6 @@ SIZES = [37, 23, 0, 51, 9, 30, 17]  # 167 records: 167 % 6 == 5, 167 % 4 == 3, 1
 KINDS = ("jsonl", "jsonl.zst", "parquet", "jsonl.gz")  # shard 2: an empty Parquet file
 SEED = 7
 SHUFFLE = {"block_size": 32, "shards_per_block": 2}  # several blocks per epoch, each mixing shards
-TIMEOUT = 120
 
 Record = tuple[int, str]
 
@@ -75,23 +69,6 @@ def make_shards(root: Path, sizes: list[int] = SIZES) -> Path:
     return root
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def base_env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["TIDAL_CACHE_DIR"] = str(tmp_path / "cache")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def write_config(tmp_path: Path, name: str, data: Path, jobs: list[dict], *, dist: bool) -> tuple[Path, Path]:
     out = tmp_path / name
     out.mkdir()
@@ -100,67 +77,24 @@ def write_config(tmp_path: Path, name: str, data: Path, jobs: list[dict], *, dis
     return config, out
 
 
-def run_all(commands: list[tuple[str, list[str], dict[str, str]]]) -> None:
-    """Start every command at once, each in its own process group; wait for all and require success.
-
-    Whatever is left of a group afterwards (a rank whose launcher died, DataLoader workers) is
-    killed, by the group's id, so a failing or hanging run leaves nothing behind.
-    """
-    procs = []
-    try:
-        for what, cmd, env in commands:
-            proc = subprocess.Popen(
-                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-            )
-            procs.append((what, proc))
-        for what, proc in procs:
-            try:
-                output, _ = proc.communicate(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                output, _ = proc.communicate()
-                pytest.fail(f"{what} did not finish in {TIMEOUT} s:\n{output[-6000:]}")
-            assert proc.returncode == 0, f"{what} failed with exit status {proc.returncode}:\n{output[-6000:]}"
-    finally:
-        for _, proc in procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def torchrun(tmp_path: Path, name: str, data: Path, jobs: list[dict], nproc: int = 2) -> Path:
     """Run the jobs under ``torch.distributed.run`` with ``nproc`` ranks in a gloo group; returns the output dir."""
     config, out = write_config(tmp_path, name, data, jobs, dist=True)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc_per_node", str(nproc),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        str(SCRIPT), str(config),
-    ]  # fmt: skip
-    run_all([("torchrun", cmd, base_env(tmp_path))])
+    procs.torchrun(SCRIPT, str(config), nproc=nproc, env=procs.child_env(tmp_path / "cache"))
     return out
 
 
 def plain_ranks(tmp_path: Path, name: str, data: Path, jobs: list[dict], world_size: int) -> Path:
     """Run the jobs in ``world_size`` concurrent plain processes given RANK/WORLD_SIZE by hand."""
     config, out = write_config(tmp_path, name, data, jobs, dist=False)
-    run_all(
-        [
-            (
-                f"rank {rank}",
-                [sys.executable, str(SCRIPT), str(config)],
-                {**base_env(tmp_path), "RANK": str(rank), "WORLD_SIZE": str(world_size)},
-            )
-            for rank in range(world_size)
-        ]
-    )
+    procs.plain_ranks(SCRIPT, str(config), world_size=world_size, env=procs.child_env(tmp_path / "cache"))
     return out
 
 
 def single(tmp_path: Path, name: str, data: Path, jobs: list[dict]) -> Path:
     """Run the jobs in one fresh plain process (no ranks)."""
     config, out = write_config(tmp_path, name, data, jobs, dist=False)
-    run_all([("process", [sys.executable, str(SCRIPT), str(config)], base_env(tmp_path))])
+    procs.single(SCRIPT, str(config), env=procs.child_env(tmp_path / "cache"))
     return out
 
 

@@ -21,16 +21,11 @@ The position order of an epoch is taken from iterating the unsplit dataset in th
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
+import procs
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -46,7 +41,6 @@ SIZES = [61, 17, 88, 45, 120, 9, 73, 30]  # 443 records, prime: no topology divi
 N = sum(SIZES)
 KINDS = ("jsonl", "jsonl.zst", "parquet")
 SHUFFLE = {"seed": 11, "block_size": 32, "shards_per_block": 2}  # many blocks per epoch, each mixing shards
-TIMEOUT = 120
 
 FINITE = {**SHUFFLE, "batch": 4, "drop_last": False}
 K = 23  # steps before the save on 2 ranks x 2 workers: odd, so the two workers stand at different offsets
@@ -77,51 +71,13 @@ def make_shards(root: Path) -> Path:
     return root
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run(what: str, cmd: list[str], env: dict[str, str]) -> None:
-    """Run a command in its own process group and require success; kill the whole group afterwards,
-    so a failing or hanging run (a rank whose launcher died, DataLoader workers) leaves nothing behind."""
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        try:
-            output, _ = proc.communicate(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            pytest.fail(f"{what} did not finish in {TIMEOUT} s:\n{output[-6000:]}")
-        assert proc.returncode == 0, f"{what} failed with exit status {proc.returncode}:\n{output[-6000:]}"
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def torchrun(root: Path, name: str, data: Path, jobs: list[dict], nproc: int) -> Path:
     """Run the jobs under ``torch.distributed.run`` with ``nproc`` ranks in a gloo group; returns the output dir."""
     out = root / name
     out.mkdir()
     config = root / f"{name}.json"
     config.write_text(json.dumps({"data": str(data), "out": str(out), "dist": True, "jobs": jobs}))
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(TIDAL_CACHE_DIR=str(root / "cache"), OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc_per_node", str(nproc),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        str(SCRIPT), str(config),
-    ]  # fmt: skip
-    run(f"torchrun --nproc_per_node {nproc} ({name})", cmd, env)
+    procs.torchrun(SCRIPT, str(config), nproc=nproc, env=procs.child_env(root / "cache"))
     return out
 
 

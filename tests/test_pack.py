@@ -148,8 +148,8 @@ def test_tokenize_accepts_a_path_and_finds_eos(tmp_path: Path) -> None:
         ds.tokenize(Tokenizer(models.WordLevel({str(i): i for i in range(10)}, unk_token="0")))
     with pytest.raises(tidal.TidalError, match="records need a 'body' column"):
         list(ds.tokenize(tok, column="body", eos=False))
-    with pytest.raises(ValueError, match="call tokenize"):
-        ds.pack(8)
+    with pytest.raises(tidal.TidalError, match="tokenize\\(\\) text first"):  # text is not token ids
+        next(iter(ds.pack(4)))
 
 
 def test_cu_seqlens_marks_every_document_start() -> None:

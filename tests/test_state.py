@@ -57,6 +57,21 @@ def test_skip_continues_later_and_never_yields_the_skipped_batches(ds: tidal.Dat
     assert len(seen) >= 380 - 40 - 10  # all but the skipped 8 batches and the remainders
 
 
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_skip_of_plain_batches_continues_at_exactly_the_later_batch(tmp_path: Path, workers: int) -> None:
+    data = make_shards(tmp_path / "data", [40, 75, 13, 60, 52, 33, 90, 17])
+    ds = tidal.Dataset(data).shuffle(seed=3, block_size=32).repeat(3).batch(5)
+    full = [b["id"].tolist() for b in tidal.DataLoader(ds, num_workers=workers)]
+    for done, skipped in [(0, 3), (1, 7), (11, 1), (11, 40), (10, 75), (len(full) - 10, 5), (5, 10_000)]:
+        loader = tidal.DataLoader(ds, num_workers=workers)
+        list(itertools.islice(loader, done))
+        state = skip(json.loads(json.dumps(loader.state_dict())), skipped)
+        resumed = tidal.DataLoader(ds, num_workers=workers)
+        resumed.load_state_dict(json.loads(json.dumps(state)))
+        rest = [b["id"].tolist() for b in resumed]
+        assert rest == full[done + skipped :], f"after {done} batches, skipping {skipped}"
+
+
 def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text('{"not": "a state"}')
     out = cli("show", str(tmp_path / "x.json"))

@@ -51,7 +51,7 @@ HOSTILE = [
     (["pass"], "0", r"state\['pass'\]: expected an integer"),
     (["version"], 2, r"state\['version'\] is 2"),
     (["dataset"], "0123456789abcdef", r"different dataset"),
-    (["sources", "", "finite"], False, r"state\['sources'\]: .* does not describe this dataset"),
+    (["sources", "", "records"], 10**6, r"state\['sources'\]: .* does not describe this dataset"),
     (["ranks", 0, "next_worker"], 7, r"state\['ranks'\]\[0\]\['next_worker'\]: 7 is out of range"),
     (["ranks", 0, "next_worker"], True, r"\['next_worker'\]: expected an integer"),
     (["ranks", 0, "workers"], [None], r"state\['ranks'\]\[0\]\['workers'\]: expected 2 entries"),
@@ -66,6 +66,8 @@ HOSTILE = [
     (["progress", "", "done"], {"x": []}, r"an epoch is a number"),
     (["progress", "nope/"], {"epoch": 0, "done": {}}, r"state\['progress'\]\['nope/'\]: the dataset has no source"),
     (["origin"], [], r"state\['origin'\]: expected an object"),
+    (["sources", "", "epochs"], 0, r"state\['sources'\]\[''\]\['epochs'\]: 0 does not fit"),
+    (["records_per_batch"], 0, r"state\['records_per_batch'\]: 0 is out of range"),
 ]
 
 

@@ -6,15 +6,15 @@ import contextlib
 import hashlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import procs
 import pytest
 
 from tidal.errors import StorageError
-from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, hasher
+from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, footprint, hasher
 from tidal.storage.stats import Stats
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -103,6 +103,28 @@ def test_a_file_larger_than_the_limit_is_refused_and_prefetches_never_wait_for_r
     b.release()
 
 
+def test_a_prefetch_never_evicts_a_pinned_entry_but_a_reader_that_needs_room_now_does(tmp_path: Path) -> None:
+    stats = Stats()
+    cache = Cache(tmp_path, 0, stats)
+    cache.limit = cache.fixed() + 4096 + 2 * footprint(20_000)  # the ledger's block, and two entries
+    a = cache.acquire(entry("a", 20_000), filler(content("a", 20_000)), wait=0, pin=True)
+    time.sleep(0.02)
+    b = cache.acquire(entry("b", 20_000), filler(content("b", 20_000)), wait=0, pin=True)
+    assert a is not None and b is not None  # fetched ahead: pinned, not held
+    assert cache.acquire(entry("c", 20_000), filler(content("c", 20_000)), wait=0) is None  # later still: no room
+    with cache.acquire(entry("c", 20_000), filler(content("c", 20_000))) as c:  # needed now: the oldest pin gives way
+        assert c is not None and c.path.read_bytes() == content("c", 20_000)
+    assert cache.lookup(entry("a", 20_000)) is None and stats.dict()["evictions"] == 1
+    held = cache.lookup(entry("b", 20_000))
+    assert held is not None
+    held.release()
+    a.release()
+    b.release()
+    unpinned = cache.acquire(entry("d", 20_000), filler(content("d", 20_000)), wait=0)  # pins gone: b, c may go
+    assert unpinned is not None
+    unpinned.release()
+
+
 def test_a_download_of_the_wrong_size_or_hash_is_never_kept(tmp_path: Path) -> None:
     stats = Stats()
     cache = Cache(tmp_path, 10**6, stats)
@@ -167,16 +189,15 @@ Cache(Path({root!r}), 10**6).acquire(Entry("s3://bucket/a", 8000, "v1"), fill)
 def test_kill_9_in_the_middle_of_a_download_leaves_no_shard_and_no_lock_that_blocks(tmp_path: Path) -> None:
     root, ready = tmp_path / "cache", tmp_path / "ready"
     code = HANG.format(src=SRC, ready=str(ready), root=str(root))
-    child = subprocess.Popen([sys.executable, "-c", code])
-    try:
+    with procs.Tree([procs.Command("downloader", [sys.executable, "-c", code], procs.child_env())]) as tree:
+        child = tree.procs[0]
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.02)
-        assert ready.exists(), "the child never started its download"
+        assert ready.exists(), f"the child never started its download\n{tree.report()}"
         cache = Cache(root, 10**6)
         assert cache.lookup(Entry("s3://bucket/a", 8000, "v1")) is None  # in progress: nothing to read
-    finally:
-        child.send_signal(signal.SIGKILL)
+        child.send_signal(signal.SIGKILL)  # leaving the tree kills it anyway, also when a check above fails
         child.wait(10)
     assert list(root.glob("shards/*.part")) and not list(root.glob("shards/*.shard"))  # half a file, never a shard
     t0 = time.monotonic()
@@ -216,8 +237,7 @@ with Cache(Path({root!r}), 10**6).acquire(Entry("s3://bucket/a", 5000, "v1"), fi
 def test_four_processes_that_want_the_same_file_download_it_once(tmp_path: Path) -> None:
     log = tmp_path / "fills.log"
     code = ONCE.format(src=SRC, log=str(log), root=str(tmp_path / "cache"))
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
-    assert [p.wait(60) for p in procs] == [0] * 4
+    procs.run([procs.Command(f"process {i}", [sys.executable, "-c", code], procs.child_env()) for i in range(4)], 60)
     assert log.read_text() == "fill\n"
 
 

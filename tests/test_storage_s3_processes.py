@@ -6,12 +6,12 @@ import contextlib
 import json
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import procs
 import pytest
 from conftest import make_shards
 from fault_proxy import FaultProxy
@@ -42,9 +42,9 @@ print(json.dumps({{"ids": ids, "stats": it.stats()}}))
 """
 
 
-def reader(cfg: dict) -> subprocess.Popen:
-    code = READER.format(src=SRC)
-    return subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg)], stdout=subprocess.PIPE, text=True)
+def reader(what: str, cfg: dict) -> procs.Command:
+    """A process that reads the dataset of ``cfg`` and prints the ids it read and its stats as JSON."""
+    return procs.Command(what, [sys.executable, "-c", READER.format(src=SRC), json.dumps(cfg)], procs.child_env())
 
 
 def clear_shards(cache: Path) -> None:
@@ -82,12 +82,10 @@ def test_the_cache_stays_under_its_limit_while_four_processes_read_through_it(
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        procs = [reader({**cfg, "seed": seed}) for seed in range(4)]
-        outs = [p.communicate(timeout=120)[0] for p in procs]
+        outs = procs.run([reader(f"reader {seed}", {**cfg, "seed": seed}) for seed in range(4)], timeout=120)
     finally:
         done.set()
         watcher.join()
-    assert [p.returncode for p in procs] == [0] * 4
     results = [json.loads(o) for o in outs]
     for r in results:
         assert sorted(r["ids"]) == list(range(24 * 400))  # each process read everything, exactly once
@@ -111,16 +109,15 @@ def test_kill_9_in_the_middle_of_an_s3_download_leaves_a_cache_the_next_run_read
     with FaultProxy(("127.0.0.1", s3.port), every=3, kinds=("stall",), stall_s=60, only=ranged) as proxy:
         cfg = {"options": s3.options(proxy.endpoint), "cache": str(cache), "limit": 10**9, "timeout": 120}
         cfg.update(prefetch=0, part=64 << 10, url=url, seed=None, block=1000)
-        child = reader(cfg)
-        try:
+        with procs.Tree([reader("reader", cfg)]) as tree:
+            child = tree.procs[0]
             deadline = time.monotonic() + 60
             while proxy.faults["stall"] == 0 and time.monotonic() < deadline and child.poll() is None:
                 time.sleep(0.02)
-            assert proxy.faults["stall"] == 1, "the child never got into its download"
+            assert proxy.faults["stall"] == 1, f"the child never got into its download\n{tree.report()}"
             assert list(cache.glob("shards/*.part")) and not list(cache.glob("shards/*.shard"))
-        finally:
-            child.send_signal(signal.SIGKILL)
-            child.communicate(timeout=30)
+            child.send_signal(signal.SIGKILL)  # leaving the tree kills it anyway, also when a check above fails
+            child.wait(timeout=30)
     assert not list(cache.glob("shards/*.shard"))  # half a download is never a shard
     t0 = time.monotonic()
     ds = tidal.Dataset(url, storage=settings)

@@ -3,6 +3,7 @@
 >>> import tidal
 >>> ds = tidal.Dataset("data/*.parquet", columns=["text"]).shuffle(seed=0).repeat().batch(8)
 >>> loader = tidal.DataLoader(ds, num_workers=2)     # a torch DataLoader with state_dict()
+>>> loader = tidal.jax.Loader(ds)                    # or global jax.Arrays, without torch
 """
 
 from __future__ import annotations
@@ -44,4 +45,8 @@ def __getattr__(name: str) -> Any:
         from tidal.loader import DataLoader
 
         return DataLoader
+    if name == "jax":  # the module tidal.jax imports JAX: only when asked for
+        import importlib
+
+        return importlib.import_module("tidal.jax")
     raise AttributeError(f"module 'tidal' has no attribute {name!r}")

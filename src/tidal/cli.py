@@ -58,6 +58,12 @@ def _state_skip(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from importlib.util import find_spec
+
+    missing = [name for name in ("torch", "tokenizers", "transformers", "tqdm") if find_spec(name) is None]
+    if missing:
+        print(f"tidal demo: needs {', '.join(missing)}: pip install 'tidal[demo]'", file=sys.stderr)
+        return 2
     from tidal.demo import main
 
     return main(args.dir)

@@ -20,9 +20,10 @@ from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
-from tidal.stages.mix import Schedule
+from tidal.stages.mix import Mix, Schedule
 from tidal.stages.mix import mix as mix_stage
 from tidal.stages.read import Read, ReadPlan
+from tidal.stages.tokenize import Tokenize
 from tidal.stages.transform import Filter, Map
 from tidal.storage.config import Storage
 from tidal.storage.urls import is_remote
@@ -75,6 +76,9 @@ class Dataset:
     first block with no record holding it), a dataset none of whose files can be read,
     or a reader that skipped every record of an epoch: each is an error, not an endless
     stream of nothing.
+
+    Symbolic links under a directory or glob are read where they point inside it; one that
+    leads outside is an error naming it, unless ``follow_links=True``.
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class Dataset:
         errors: Errors = "raise",
         *,
         format_options: dict[str, Any] | None = None,
+        follow_links: bool = False,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
@@ -111,7 +116,7 @@ class Dataset:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if overrides:
             settings = replace(settings, **overrides)
-        found = listing(src, settings)
+        found = listing(src, settings, follow_links)
         settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
         shards = tuple(index(list(found), format, errors, settings, found))
         check_columns(shards, columns)
@@ -260,9 +265,15 @@ class Dataset:
         mask_boundaries: bool = False,
         pad_id: int | None = None,
         buffer_size: int = 256,
+        column: str = "input_ids",
+        eos: int | None = None,
     ) -> Dataset:
-        """Pack tokenized documents into sequences of ``seq_len`` tokens for causal LM training.
+        """Pack documents of token ids into sequences of ``seq_len`` tokens for causal LM training.
 
+        The documents are the records' ``column`` (``input_ids``, what ``tokenize()`` makes, what
+        token shards, Megatron, LitData and flat token files yield; any column of integer lists or
+        arrays, e.g. a Parquet ``list<int>``). ``eos``: a token id appended to each document, for
+        pre-tokenized data stored without one (``tokenize()`` appends its own).
         ``strategy="concat"`` joins documents and cuts every ``seq_len`` tokens (only the last
         remainder of the stream, shorter than a sequence, is dropped). ``"best_fit"`` packs a
         buffer of about ``buffer_size`` sequences' worth of documents best-fit-decreasing,
@@ -271,22 +282,20 @@ class Dataset:
         ``segment_ids``; see :mod:`tidal.stages.pack` for their exact meaning.
 
         >>> ds.tokenize(tok).pack(2048, "best_fit", mask_boundaries=True)
+        >>> tidal.Dataset("tokens/").pack(2048)          # pre-tokenized: no tokenizer needed
         """
         from tidal.stages.pack import Pack, PackConfig
-        from tidal.stages.tokenize import Tokenize
 
         self._before_batch("pack")
-        tokenizers = [s for s in walk(self._stage) if isinstance(s, Tokenize)]
-        if not tokenizers:
-            raise ValueError("pack() packs token ids: call tokenize() first")
         if strategy not in ("concat", "best_fit"):
             raise ValueError(f"strategy must be 'concat' or 'best_fit', not {strategy!r}")
         if seq_len < 1 or buffer_size < 1:
             raise ValueError("seq_len and buffer_size must be at least 1")
         if pad_id is None:
-            eos = tokenizers[0].tokenizer.eos_id
-            pad_id = eos if eos is not None else 0
-        cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size)
+            tokenizers = [s for s in walk(self._stage) if isinstance(s, Tokenize)]  # into mixed streams too
+            known = eos if eos is not None else tokenizers[0].tokenizer.eos_id if tokenizers else None
+            pad_id = known if known is not None else 0
+        cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size, column=column, eos=eos)
         return self._then(Pack(self._stage, cfg))
 
     # -- facts -----------------------------------------------------------------------
@@ -311,6 +320,33 @@ class Dataset:
     @property
     def batched(self) -> bool:
         return any(isinstance(s, Batch) for s in _main_line(self._stage))
+
+    def records_per_batch(self) -> int | None:
+        """How many source records every item holds, where that is fixed: plain records (1) or
+        plain batches (their size) read from files without filters, packing, mixing or
+        records skipped as bad; otherwise None. ``tidal state skip`` is exact where it is known."""
+        size = 1
+        for stage in _main_line(self._stage):
+            if isinstance(stage, Batch) and stage is self._stage:
+                size = stage.size
+            elif isinstance(stage, Read):
+                return size if stage.plan.errors == "raise" else None
+            elif not isinstance(stage, Map):
+                return None
+        return None
+
+    def may_end_unevenly(self) -> bool:
+        """Whether readers may yield different numbers of items in a finite pass: a filter,
+        packing, a mixture that stops, or records skipped as bad change the count per reader
+        (see "Ranks and workers" in the README for how the DataLoader keeps ranks together)."""
+        uneven = False
+        for stage in _main_line(self._stage):
+            if isinstance(stage, Mix):
+                return stage.stop != "never"
+            if isinstance(stage, Read):
+                return stage.plan.epochs is not None and (uneven or stage.plan.errors != "raise")
+            uneven |= not isinstance(stage, (Map, Batch, Tokenize))
+        return uneven
 
     def fingerprint(self) -> str:
         """A short digest of everything that decides the order; a saved state carries it."""

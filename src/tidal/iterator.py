@@ -55,7 +55,7 @@ class DatasetIterator(Iterator[Any]):
             here = [world.rank, world.world_size, world.worker, world.num_workers]
             if saved != here:
                 raise StateError(f"this state was saved by reader {saved} (rank, ranks, worker, workers), not {here}")
-            origin = view.get(k.ORIGIN, None)
+            origin = view.get(k.ORIGIN, origin)  # a loader keeps the origin once, beside its readers
             if origin is not None:
                 View(origin, view.where(k.ORIGIN))
             position = view.view(k.POSITION)

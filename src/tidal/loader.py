@@ -1,12 +1,10 @@
 """``tidal.DataLoader``: a torch DataLoader over a tidal dataset, with exact state.
 
-Workers do not send batches one by one. Each sends *bundles* of consecutive batches (1, 2,
-4, ... up to ``MAX_BUNDLE`` of them, and at most ``MAX_BUNDLE_BYTES``), with each column of
-a bundle stacked into one numpy array and each text column packed into one UTF-8 buffer
-with offsets. One message of a few large buffers per bundle, instead of one message of
-Python objects per batch, is what keeps workers from costing throughput. The buffers are
-pickled inline rather than put in torch shared memory: creating a shared-memory segment
-costs milliseconds per tensor, more than copying megabytes through the pipe.
+Workers do not send batches one by one but *bundles* of consecutive batches, each column
+stacked into one numpy array and each text column packed into one UTF-8 buffer
+(:mod:`tidal.bundle`, shared with :mod:`tidal.jax`). The buffers are pickled inline rather
+than put in torch shared memory: creating a shared-memory segment costs milliseconds per
+tensor, more than copying megabytes through the pipe.
 
 The main process yields batches round-robin over workers (worker 0, 1, ..., again 0),
 skipping workers that have finished, whatever the bundle sizes. Each batch carries its
@@ -14,12 +12,15 @@ worker's state after it, so ``state_dict()`` is exactly what the training loop c
 however far the workers have run ahead: per worker, the position after its last consumed
 batch, and which worker is next. Bundles never leave this module: what the loader yields,
 and what its ``dataset`` yields to any other loader built around it, are plain batches.
+
+With ``prefetch_to_device=N`` the next N batches are made and copied to the device in a
+background thread (from pinned memory, on a side stream, on CUDA); each carries the state
+after it, which counts only when the batch reaches the training loop.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import pickle
 import sys
 from collections import deque
 from collections.abc import Iterator
@@ -30,15 +31,14 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin
 from tidal.dataset import Dataset
-from tidal.stages import walk
-from tidal.stages.transform import Filter, Map
+from tidal.errors import StateError
+from tidal.pool import Ahead
 from tidal.state import keys as k
 from tidal.state import schema
 from tidal.world import World
 
-MAX_BUNDLE = 1024
-MAX_BUNDLE_BYTES = 16 << 20
 UNDO = 64  # batches the state can step back over (see _held_by_lightning)
 
 
@@ -61,75 +61,10 @@ def _to_torch(value: Any) -> Any:
     return value
 
 
-def _prepare(value: Any) -> Any:
-    if _numeric(value):
-        return _widen(value)
-    if isinstance(value, dict):
-        return {k: _prepare(v) for k, v in value.items()}
-    return value
-
-
-class _Strings:
-    """A text column of a whole bundle as one UTF-8 buffer and offsets: two large buffers to
-    copy instead of thousands of string objects to pickle and unpickle."""
-
-    def __init__(self, batches: list[list[str]]):
-        encoded = [t.encode() for batch in batches for t in batch]
-        self.data = b"".join(encoded)
-        self.offsets = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
-        self.starts = np.cumsum([0] + [len(b) for b in batches]).tolist()
-        self._view: memoryview | None = None
-
-    @staticmethod
-    def accepts(values: list[Any]) -> bool:
-        return all(isinstance(v, list) and all(type(t) is str for t in v) for v in values)
-
-    def __getitem__(self, j: int) -> list[str]:
-        if self._view is None:
-            self._view = memoryview(self.data)
-        view, offsets = self._view, self.offsets
-        a, b = self.starts[j], self.starts[j + 1]
-        return [str(view[offsets[i] : offsets[i + 1]], "utf-8") for i in range(a, b)]
-
-    def __getstate__(self) -> dict:
-        return {"data": self.data, "offsets": self.offsets, "starts": self.starts}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _view=None)
-
-
-class _Bundle:
-    """Consecutive items of one worker; columns stacked into one tensor where shapes agree."""
-
-    def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool = True):
-        self.worker, self.states, self.end = worker, states, end
-        self.columns: dict[str, Any] | None = None
-        self.items: list[Any] | None = None
-        first = items[0] if items else None
-        same = isinstance(first, dict) and all(isinstance(i, dict) and i.keys() == first.keys() for i in items)
-        if pack and same and isinstance(first, dict):
-            self.columns = {k: self._stack([i[k] for i in items]) for k in first}
-        else:
-            self.items = [_prepare(i) for i in items]
-
-    @staticmethod
-    def _stack(values: list[Any]) -> Any:
-        v0 = values[0]
-        if (
-            isinstance(v0, np.ndarray)
-            and v0.dtype.kind in "biuf"
-            and all(isinstance(v, np.ndarray) and v.shape == v0.shape and v.dtype == v0.dtype for v in values)
-        ):
-            return _widen(np.stack(values))
-        if _Strings.accepts(values):
-            return _Strings(values)
-        return [_prepare(v) for v in values]
-
-    def __len__(self) -> int:
-        return len(self.states)
+class _Bundle(Bundle):
+    """A bundle whose items are tensors (views of the bundle's arrays), pinnable by torch."""
 
     def item(self, j: int) -> Any:
-        """Batch ``j``, numeric columns as tensors (views of the bundle's arrays)."""
         if self.columns is not None:
             return {
                 k: torch.from_numpy(col[j]) if _numeric(col) else _to_torch(col[j]) for k, col in self.columns.items()
@@ -145,19 +80,6 @@ class _Bundle:
                 k: torch.from_numpy(v).pin_memory().numpy() if _numeric(v) else v for k, v in self.columns.items()
             }
         return new
-
-
-def _nbytes(item: Any) -> int:
-    """Bytes of an item's arrays and text: what bounds a bundle."""
-    if not isinstance(item, dict):
-        return 0
-    total = 0
-    for v in item.values():
-        if isinstance(v, np.ndarray):
-            total += v.nbytes
-        elif isinstance(v, list) and v and type(v[0]) is str:
-            total += sum(len(t) for t in v)
-    return total
 
 
 class _WorkerStream(torch.utils.data.IterableDataset):
@@ -185,31 +107,11 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         it = self.dataset.iterator(world, state, self.first_epoch, self.origin if self.bundled else None, where)
         if self.bundled:
             return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
-        return (_to_torch(_prepare(item)) for item in it)
+        return (_to_torch(prepare(item, _widen)) for item in it)
 
     @staticmethod
-    def _bundles(it: Any, worker: int, pack: bool) -> Iterator[_Bundle]:
-        size = 1
-        try:
-            while True:
-                items: list[Any] = []
-                states: list[dict] = []
-                nbytes = 0
-                for item in it:
-                    items.append(item)
-                    state = it.state()
-                    state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
-                    states.append(state)
-                    nbytes += _nbytes(item)
-                    if len(items) >= size or nbytes >= MAX_BUNDLE_BYTES:
-                        break
-                else:
-                    yield _Bundle(worker, items, states, end=True, pack=pack)
-                    return
-                yield _Bundle(worker, items, states, end=False, pack=pack)
-                size = min(2 * size, MAX_BUNDLE)
-        finally:
-            it.close()
+    def _bundles(it: Any, worker: int, pack: bool) -> Iterator[Bundle]:
+        return bundles(it, worker, pack, _widen, kind=_Bundle)
 
 
 def _identity(x: Any) -> Any:
@@ -236,6 +138,20 @@ def _held_by_lightning(loader: DataLoader) -> int:
             return len(getattr(fetcher, "batches", ()))
         frame = frame.f_back
     return 0
+
+
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
+
+
+def _every_rank_has(batch: bool) -> bool:
+    """Whether every rank has a next batch (a MIN all_reduce of one flag)."""
+    dist = torch.distributed
+    cuda = dist.get_backend() == "nccl"
+    flag = torch.tensor([int(batch)], device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def _accelerate_device() -> torch.device | None:
@@ -267,8 +183,15 @@ class DataLoader(torch.utils.data.DataLoader):
     Batches are made by the dataset (``.batch(n)``); ``batch_size=n`` here is a shortcut
     for it. Numeric numpy columns arrive as tensors (unsigned token ids as int64), other
     columns as lists. ``device``: where batches go (default: the CPU, or the device of an
-    HF Accelerate ``Accelerator`` set up in this process). Other keyword arguments go to
-    ``torch.utils.data.DataLoader``, ``multiprocessing_context="spawn"`` included.
+    HF Accelerate ``Accelerator`` set up in this process). ``prefetch_to_device=N``: make
+    the next ``N`` batches and copy them to the device in a background thread while the loop
+    trains (on CUDA from pinned memory, on a side stream); the state still counts only the
+    batches the loop received.
+
+    >>> loader = tidal.DataLoader(ds, num_workers=4, device="cuda", prefetch_to_device=2)
+
+    Other keyword arguments go to ``torch.utils.data.DataLoader``,
+    ``multiprocessing_context="spawn"`` included.
     """
 
     # HF Accelerate: prepare() would rebuild this loader around its dataset and split an
@@ -278,9 +201,13 @@ class DataLoader(torch.utils.data.DataLoader):
     _is_accelerate_prepared = True
     use_stateful_dataloader = True
 
-    def __init__(self, dataset: Dataset, num_workers: int = 0, *, device: Any = None, **kwargs: Any):
+    def __init__(
+        self, dataset: Dataset, num_workers: int = 0, *, device: Any = None, prefetch_to_device: int = 0, **kwargs: Any
+    ):
         if not isinstance(dataset, Dataset):
             raise TypeError(f"tidal.DataLoader takes a tidal.Dataset, not {type(dataset).__name__}")
+        if not isinstance(prefetch_to_device, int) or prefetch_to_device < 0:
+            raise ValueError(f"prefetch_to_device must be a non-negative int, not {prefetch_to_device!r}")
         batch_size = kwargs.pop("batch_size", None)
         drop_last = kwargs.pop("drop_last", False)
         if batch_size is not None:
@@ -295,6 +222,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self._stream = _WorkerStream(dataset)
         self._workers = max(1, num_workers)
         self._device = torch.device(device) if device is not None else None
+        self._prefetch = prefetch_to_device
+        self._copy_stream: Any = None  # the CUDA stream prefetched batches are copied on
         self._pass = 0
         self._origin: dict | None = None  # progress an elastic restore started from
         self._local = schema.fresh_rank(self._workers)  # this rank's readers: what the training loop consumed
@@ -326,14 +255,22 @@ class DataLoader(torch.utils.data.DataLoader):
             local[k.COUNTS][k.BATCHES] -= 1
             local[k.COUNTS][k.TOKENS] -= tokens
         every: list[dict | None] = [None] * ranks.world_size
-        dist = torch.distributed
-        if ranks.world_size > 1 and dist.is_available() and dist.is_initialized():
-            dist.all_gather_object(every, local)
+        if ranks.world_size > 1 and _distributed():
+            torch.distributed.all_gather_object(every, local)
+            steps = {r: e[k.COUNTS][k.BATCHES] for r, e in enumerate(every) if e is not None}
+            if len(set(steps.values())) > 1:  # every rank yields as many batches: these were saved apart
+                raise StateError(
+                    f"state_dict() was called after different numbers of batches on different ranks ({steps}): "
+                    "call it on every rank at the same step"
+                )
         else:
             every[ranks.rank] = local
         topology = [ranks.world_size, self._workers]
         fingerprint = self.tidal_dataset.fingerprint()
-        return schema.make(fingerprint, self._sources(), self._pass, self._first_epoch(), topology, every, self._origin)
+        sources, per_batch = self._sources(), self.tidal_dataset.records_per_batch()
+        return schema.make(
+            fingerprint, sources, self._pass, self._first_epoch(), topology, every, self._origin, per_batch
+        )
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
@@ -368,7 +305,8 @@ class DataLoader(torch.utils.data.DataLoader):
         finally:
             self._stream.bundled = False
         device = self._device or _accelerate_device()
-        return self._round_robin(bundles, self._local, device)
+        together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
+        return self._round_robin(bundles, self._local, device, together)
 
     def _check_pickles(self) -> None:
         """Workers started with spawn or forkserver receive the dataset pickled: say which
@@ -379,43 +317,92 @@ class DataLoader(torch.utils.data.DataLoader):
         method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
         if method == "fork":
             return
-        for stage in walk(self.tidal_dataset.stage):
-            if isinstance(stage, (Map, Filter)):
-                try:
-                    pickle.dumps(stage.fn)
-                except Exception as exc:
-                    raise TypeError(
-                        f"{stage.call()}: DataLoader workers started with {method!r} receive the dataset "
-                        f"pickled, and this function does not pickle ({exc}); define it at the top level "
-                        "of a module"
-                    ) from None
+        check_pickles(self.tidal_dataset.stage, f"DataLoader workers started with {method!r}")
 
-    def _round_robin(self, bundles: Iterator[_Bundle], state: dict, device: torch.device | None) -> Iterator[Any]:
+    def _round_robin(
+        self, bundles: Iterator[Bundle], state: dict, device: torch.device | None, together: bool
+    ) -> Iterator[Any]:
+        """Batches in worker order. ``together``: ranks end the pass on the same step (one
+        all_reduce per batch: does every rank have one?), so DDP never waits on a rank that ran out."""
         n = self._workers
-        queues: list[deque[tuple[_Bundle, int]]] = [deque() for _ in range(n)]
-        ended = [False] * n
-        w = state[k.NEXT_WORKER]
         non_blocking = bool(self.pin_memory)
-        while not all(ended[i] and not queues[i] for i in range(n)):
-            while not queues[w] and not ended[w]:
-                bundle = next(bundles)
-                queues[bundle.worker].extend((bundle, j) for j in range(len(bundle)))
-                ended[bundle.worker] |= bundle.end
-            if queues[w]:
-                bundle, j = queues[w].popleft()
-                item = bundle.item(j)
-                tokens = 0
-                if isinstance(item, dict) and isinstance(item.get("input_ids"), torch.Tensor):
-                    tokens = item["input_ids"].numel()
+        ahead = self._prefetch > 0
+        made = self._make(bundles, n, state[k.NEXT_WORKER], device if ahead else None)
+        source: Iterator[tuple[int, dict, int, Any, Any]] = (
+            Ahead(made, self._prefetch, "tidal-prefetch-to-device") if ahead else made
+        )
+        stopped = False
+        try:
+            for w, reader, tokens, item, copied in source:
+                if together and not _every_rank_has(True):
+                    stopped = True  # another rank ran out: this pass ends here for all
+                    break
                 self._undo.append((w, state[k.WORKERS][w], state[k.NEXT_WORKER], tokens))
-                state[k.WORKERS][w] = bundle.states[j]
-                state[k.NEXT_WORKER] = (w + 1) % n
-                counts = state[k.COUNTS]
-                counts[k.BATCHES] += 1
-                counts[k.TOKENS] += tokens
-                yield item if device is None else _to_device(item, device, non_blocking)
-            w = (w + 1) % n
-        for _ in bundles:  # let torch see every worker finish
-            pass
+                schema.consume(state, w, reader, tokens)
+                if ahead:
+                    yield _arrived(item, copied, device)
+                else:
+                    yield item if device is None else _to_device(item, device, non_blocking)
+        finally:
+            if isinstance(source, Ahead):
+                source.close()
+        if not stopped:
+            if together:
+                _every_rank_has(False)  # the step the others are asking about
+            for _ in bundles:  # let torch see every worker finish
+                pass
         self._pass, self._origin, self._local = self._pass + 1, None, schema.fresh_rank(self._workers)
         self._undo.clear()
+
+    def _make(
+        self, bundles: Iterator[Bundle], n: int, start: int, device: torch.device | None
+    ) -> Iterator[tuple[int, dict, int, Any, Any]]:
+        """``(worker, reader state after it, tokens, batch, copy event)`` in round-robin order;
+        with ``device`` (prefetching), the batch is already copied there."""
+        for w, bundle, j in round_robin(lambda _: next(bundles), n, start):
+            item = bundle.item(j)
+            tokens = 0
+            if isinstance(item, dict) and isinstance(item.get("input_ids"), torch.Tensor):
+                tokens = item["input_ids"].numel()
+            copied = None
+            if device is not None:
+                item, copied = self._copy(item, device)
+            yield w, bundle.states[j], tokens, item, copied
+
+    def _copy(self, item: Any, device: torch.device) -> tuple[Any, Any]:
+        """``item`` on ``device``, copied ahead from a background thread; on CUDA, from pinned
+        memory on a side stream, with the event the training loop's stream waits on."""
+        if device.type != "cuda":
+            return _to_device(item, device, False), None
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._copy_stream):
+            item = _to_device(_pinned(item), device, True)
+            event = torch.cuda.Event()
+            event.record(self._copy_stream)
+        return item, event
+
+
+def _pinned(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value if value.is_pinned() else value.pin_memory()
+    if isinstance(value, dict):
+        return {key: _pinned(v) for key, v in value.items()}
+    return value
+
+
+def _arrived(item: Any, copied: Any, device: torch.device | None) -> Any:
+    """A prefetched batch, made safe to use on the training loop's CUDA stream."""
+    if copied is not None:
+        stream = torch.cuda.current_stream(device)
+        stream.wait_event(copied)
+        _record_stream(item, stream)  # the allocator must not reuse its memory before the loop is done
+    return item
+
+
+def _record_stream(value: Any, stream: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        value.record_stream(stream)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _record_stream(v, stream)

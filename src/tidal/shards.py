@@ -17,9 +17,9 @@ their footer, read by a range request.
 A file whose scan fails (truncated, corrupt, not of its format) is an entry with an
 ``"error"``: under ``errors="raise"`` building the dataset raises it; under ``"skip"`` (or
 a function that returns) the file counts 0 records, is logged (logger ``tidal``, under
-``"skip"``) and keeps its error on its :class:`Shard`, where ``stats()`` and ``tidal inspect`` find it. The
-index never counts records that cannot be read back. A dataset none of whose files can be
-read is an error under every policy.
+``"skip"``) and keeps its error on its :class:`Shard`, where ``stats()`` and ``tidal
+inspect`` find it. The index never counts records that cannot be read back. A dataset none
+of whose files can be read is an error under every policy.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,10 @@ from typing import Any
 from tidal import env
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, known_ending, module
+from tidal.storage.cache import mkdirs
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
+from tidal.storage.retry import redact_urls
 from tidal.storage.urls import local_path, protocol, url_root
 
 INDEX_NAME = ".tidal-index.json"
@@ -71,9 +74,15 @@ def resolve(src: str | os.PathLike | Sequence[str | os.PathLike], storage: Stora
 
 
 def listing(
-    src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None
+    src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None, follow_links: bool = False
 ) -> dict[str, FileStat | None]:
-    """The files a source names, as :func:`resolve`, with what a remote listing said of each (None when local)."""
+    """The files a source names, as :func:`resolve`, with what a remote listing said of each (None when local).
+
+    A directory or a glob is a *root*: a symbolic link found under it (a file, or a directory,
+    which is searched like any other) is read when it points inside the root, and refused,
+    naming it, when it leads outside, unless ``follow_links``. A file named on its own is read
+    wherever it points: naming it is the choice.
+    """
     entries = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     if not entries:
         raise SourceError("no source given: pass a file, directory, glob or a list of them")
@@ -87,7 +96,7 @@ def listing(
                 remotes[proto] = Remote(proto, storage or Storage())
             found = dict(remotes[proto].expand(os.fspath(entry), keep=known_ending))
         else:
-            found = dict.fromkeys(_local_files(entry))
+            found = dict.fromkeys(_local_files(entry, follow_links))
         for f in found:
             if f in files:
                 raise SourceError(f"{f} is named twice in the source")
@@ -95,20 +104,23 @@ def listing(
     return files
 
 
-def _local_files(entry: str | os.PathLike) -> list[str]:
+def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
     path = os.path.abspath(os.path.expanduser(local_path(entry)))
     if glob.has_magic(path):
-        found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))  # glob skips dot files
+        root = _glob_root(path)
+        if "**" in path:  # searched by the same walk as a directory: links checked, cycles cut
+            pattern = _glob_pattern(path[len(root) :].lstrip(os.sep))
+            rel = len(root.rstrip(os.sep)) + 1
+            matches = [p for p in _walk(root, follow_links) if pattern.fullmatch(p[rel:])]
+            matches = [p for p in matches if _inside(p, root, follow_links)]
+        else:
+            matches = [p for p in glob.glob(path) if os.path.isfile(p) and _inside(p, root, follow_links)]
+        found = _once(sorted(p for p in matches if not os.path.basename(p).startswith(".")))
         if not found:
             raise SourceError(f"{entry}: the pattern matches no file")
     elif os.path.isdir(path):
-        found = []
-        for d, dirs, names in os.walk(path):
-            dirs[:] = [x for x in dirs if not x.startswith(".")]
-            found += [
-                os.path.join(d, f) for f in names if not f.startswith((".", "_")) and known_ending(os.path.join(d, f))
-            ]
-        found.sort()
+        names = (p for p in _walk(path, follow_links) if not os.path.basename(p).startswith((".", "_")))
+        found = _once(sorted(p for p in names if known_ending(p) and _inside(p, path, follow_links)))
         if not found:
             raise SourceError(f"{entry}: the directory holds no file tidal can read")
     elif os.path.isfile(path):
@@ -116,6 +128,85 @@ def _local_files(entry: str | os.PathLike) -> list[str]:
     else:
         raise SourceError(f"{entry}: no such file or directory")
     return found
+
+
+def _walk(root: str, follow_links: bool) -> Iterator[str]:
+    """Every file under ``root``, through linked directories too, each directory once; a linked
+    directory out of ``root`` refused (:func:`_inside`); directories named ``.*`` skipped."""
+    seen = {os.path.realpath(root)}
+    for d, dirs, names in os.walk(root, followlinks=True):
+        kept = []
+        for x in dirs:
+            sub = os.path.join(d, x)
+            if x.startswith(".") or not _inside(sub, root, follow_links):
+                continue
+            real = os.path.realpath(sub)
+            if real not in seen:  # a second name for a directory, or a link back up the tree
+                seen.add(real)
+                kept.append(x)
+        dirs[:] = kept
+        for f in names:
+            yield os.path.join(d, f)
+
+
+def _glob_pattern(pattern: str) -> re.Pattern[str]:
+    """A glob below its root as a regex: ``**`` any directories, ``*`` and ``?`` within a name."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**" + os.sep, i):
+            out.append(f"(?:[^{os.sep}]+{os.sep})*")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append(f"[^{os.sep}]*")
+        elif c == "?":
+            out.append(f"[^{os.sep}]")
+        elif c == "[" and "]" in pattern[i + 1 :]:
+            j = pattern.index("]", i + 2) if pattern[i + 1 : i + 2] == "]" else pattern.index("]", i + 1)
+            body = pattern[i + 1 : j]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = j + 1
+            continue
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out))
+
+
+def _once(paths: list[str]) -> list[str]:
+    """Each file once, under the first of its names: a file reached through two links (or a
+    linked directory) is one shard, whichever way it was listed."""
+    seen: set[str] = set()
+    out = []
+    for p in paths:
+        real = os.path.realpath(p)
+        if real not in seen:
+            seen.add(real)
+            out.append(p)
+    return out
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory a glob searches under: its longest leading part without a wildcard."""
+    parts = pattern.split(os.sep)
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    return os.sep.join(parts[:fixed]) or os.sep
+
+
+def _inside(path: str, root: str, follow_links: bool) -> bool:
+    """True when ``path`` resolves inside ``root``; a link out of it is an error unless followed."""
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    if follow_links or real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
+        return True
+    raise SourceError(
+        f"{path}: a symbolic link to {real}, outside the dataset's root {root}; "
+        "pass follow_links=True to read what links outside the root"
+    )
 
 
 def index(
@@ -261,11 +352,12 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
                 info = _scan_file(name, url, compression, str(handle.path))
                 entry["hash"] = handle.digest
     except FormatError as exc:
-        return {"format": format or "?", **entry, "error": str(exc)}
+        return {"format": format or "?", **entry, "error": redact_urls(str(exc))}
     except StorageError:
         raise
     except data_errors() as exc:  # what a format module let through: still named, never raw
-        return {"format": format or "?", **entry, "error": f"{url}: unreadable ({type(exc).__name__}): {exc}"}
+        error = f"{url}: unreadable ({type(exc).__name__}): {exc}"
+        return {"format": format or "?", **entry, "error": redact_urls(error)}
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info
@@ -325,7 +417,7 @@ class _locked:
         self._path = where.with_name(where.name + ".lock")
 
     def __enter__(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        mkdirs(self._path.parent)  # never world-writable, whatever the umask
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
 
@@ -343,8 +435,12 @@ def _load(where: Path) -> dict:
 
 def _save(where: Path, entries: dict) -> None:
     tmp = where.with_name(f"{where.name}.{os.getpid()}.tmp")
+    data = json.dumps({"version": _INDEX_VERSION, "shards": entries}, separators=(",", ":")).encode()
     try:
-        tmp.write_text(json.dumps({"version": _INDEX_VERSION, "shards": entries}, separators=(",", ":")))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.fchmod(fd, 0o644)  # never world-writable, whatever the umask
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, where)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

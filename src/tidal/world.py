@@ -3,7 +3,7 @@
 This is the only module that decides the topology (the variables themselves are read in
 :mod:`tidal.env`). It is read when iteration starts, never when a dataset is built, because a
 dataset is often built before ``torch.distributed.init_process_group`` runs or before
-DataLoader workers exist.
+DataLoader workers exist. Under JAX a rank is a JAX process.
 """
 
 from __future__ import annotations
@@ -47,12 +47,16 @@ class World:
 
     @staticmethod
     def ranks() -> World:
-        """Rank and world size: from ``torch.distributed`` when initialized, else RANK/WORLD_SIZE."""
+        """Rank and world size: from ``torch.distributed`` when initialized, else from JAX when it
+        runs as several processes (the rank is ``jax.process_index()``), else RANK/WORLD_SIZE."""
         torch = sys.modules.get("torch")  # never import torch just to find out it is unused
         if torch is not None:
             dist = torch.distributed
             if dist.is_available() and dist.is_initialized():
                 return World(dist.get_rank(), dist.get_world_size())
+        processes = _jax_processes()
+        if processes is not None:
+            return World(*processes)
         found = env.ranks()
         return World(*found) if found is not None else World()
 
@@ -66,3 +70,26 @@ class World:
             if info is not None:
                 return world.with_worker(info.id, info.num_workers)
         return world
+
+
+def _jax_processes() -> tuple[int, int] | None:
+    """``(jax.process_index(), jax.process_count())`` when JAX runs as several processes, else None.
+
+    JAX is asked only when it is imported already, and only once ``jax.distributed.initialize``
+    has run or its backends are up (as on TPU pods): asking earlier would start its backends,
+    after which ``jax.distributed.initialize`` refuses to run.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    distributed = getattr(jax, "distributed", None)
+    ready = getattr(distributed, "is_initialized", None)
+    started = ready is not None and ready()
+    if not started:
+        bridge = sys.modules.get("jax._src.xla_bridge")
+        up = getattr(bridge, "backends_are_initialized", None)
+        started = up is not None and up()
+    if not started:
+        return None
+    count = jax.process_count()
+    return (jax.process_index(), count) if count > 1 else None

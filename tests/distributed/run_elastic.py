@@ -14,11 +14,11 @@ record) and ``{out}/{job}-rank{rank}-state-{step}.json``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+import gloo_group
 import torch
 import torch.distributed as dist
 import torch.utils.data
@@ -67,17 +67,14 @@ def run_job(config: dict, job: dict, rank: int) -> None:
 def main() -> None:
     config = json.loads(Path(sys.argv[1]).read_text())
     if config.get("dist"):
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-            os.environ.pop(name, None)
+        rank, _ = gloo_group.join()
     else:
         rank = 0
     try:
         for job in config["jobs"]:
             run_job(config, job, rank)
             if config.get("dist"):
-                dist.barrier()  # every rank finishes a job before any starts the next
+                gloo_group.barrier()  # every rank finishes a job before any starts the next
     finally:
         if config.get("dist"):
             dist.destroy_process_group()

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gloo_group
 import torch
 import torch.distributed as dist
 import torch.utils.data
@@ -109,18 +110,14 @@ def run_job(config: dict, job: dict, rank: int, world_size: int) -> None:
 def main() -> None:
     config = json.loads(Path(sys.argv[1]).read_text())
     if config.get("dist"):
-        dist.init_process_group("gloo")
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        # torchrun also sets RANK/WORLD_SIZE; drop them so that tidal has to ask torch.distributed
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-            os.environ.pop(name, None)
+        rank, world_size = gloo_group.join()
     else:
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
         for job in config["jobs"]:
             run_job(config, job, rank, world_size)
             if config.get("dist"):
-                dist.barrier()  # every rank finishes a job before any starts the next
+                gloo_group.barrier()  # every rank finishes a job before any starts the next
     finally:
         if config.get("dist"):
             dist.destroy_process_group()

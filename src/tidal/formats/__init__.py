@@ -183,9 +183,19 @@ def detect(path: str, name: str | None = None, exists: Callable[[str], bool] | N
     return fmt, compression
 
 
+@dataclass(frozen=True)
+class Located:
+    """Where a shard's bytes are in this process: a remote shard's copy in the shard cache, or a
+    function that opens it for ranged reads. The reading stage puts it in ``info["file"]`` when
+    it opens a reader; an index is JSON and cannot hold one, so an index never redirects a read."""
+
+    file: str | Callable[[], Any]
+
+
 def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[], IO[bytes]]:
     """Where a reader takes a file's bytes from: the one place that decides it, for every format."""
-    return info.get("file", path)
+    where = info.get("file")
+    return where.file if isinstance(where, Located) else path
 
 
 def check_schemas(shards: Sequence[Any]) -> None:

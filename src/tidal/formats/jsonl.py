@@ -4,6 +4,9 @@ A line that is not a JSON object, or (with ``columns=``) an object without one o
 columns, is a :class:`~tidal.errors.RecordError` naming the file and line, handed to the
 ``errors`` policy. JSON lines have no schema, so a column missing from every record of a
 block is a :class:`~tidal.errors.SchemaError` raised by the source stage, not a skip per row.
+
+Lines are parsed with orjson when it is installed (``tidal[fast]``) and with the standard
+library otherwise: the same records and the same errors either way (:mod:`tidal.formats._json`).
 """
 
 from __future__ import annotations
@@ -11,10 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from orjson import JSONDecodeError, loads
 
 from tidal.errors import RecordError
-from tidal.formats import Errors, Options, Piece, bad
+from tidal.formats import Errors, Options, Piece, _json, bad
 from tidal.formats.lines import LineReader, scan
 
 NAME = "jsonl"
@@ -32,13 +34,15 @@ class JsonlReader:
         records: list[Any] = []
         valid: np.ndarray | None = None
         columns = self._columns
+        loads = _json.loads
         rows, lines = self._lines.read_rows(start, stop)
         for i, data in enumerate(rows):
             error: RecordError | None = None
             try:
                 rec = loads(data)
-            except JSONDecodeError as exc:  # also invalid UTF-8
-                error = RecordError(f"malformed JSON record: {exc}", path=self._path, line=lines[i])
+            except ValueError as exc:  # orjson's JSONDecodeError and the standard library's are ValueErrors
+                why = _json.reason(data, exc)
+                error = RecordError(f"malformed JSON record: {why}", path=self._path, line=lines[i])
             else:
                 if not isinstance(rec, dict):
                     error = RecordError(

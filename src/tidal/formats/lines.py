@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from tidal.errors import FormatError
+from tidal.formats import source
 from tidal.formats.codecs import open_stream
 
 CHECKPOINT_ROWS = 4096
@@ -66,7 +67,10 @@ class LineReader:
 
     def __init__(self, path: str, compression: str | None, info: dict):
         self.path = path
-        self._source = info.get("file", path)  # where the bytes are: a local path
+        where = source(path, info)
+        if not isinstance(where, str):
+            raise FormatError(f"{path}: line files are read from a local copy, not by ranges")
+        self._source = where  # a local path: the file, or a remote shard's copy in the cache
         self._compression = compression
         self._checkpoints = info.get("checkpoints", [])
         self._file: IO[bytes] | None = None

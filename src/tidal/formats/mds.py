@@ -37,10 +37,9 @@ from decimal import Decimal
 from typing import Any
 
 import numpy as np
-from orjson import loads
 
 from tidal.errors import FormatError, RecordError, SchemaError
-from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
+from tidal.formats import Errors, Options, Piece, _json, bad, check_options, data_errors, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "mds"
@@ -237,7 +236,7 @@ class MdsReader:
         if encoding == "str_decimal":
             return Decimal(data.decode())
         if encoding == "json":
-            return loads(data)
+            return _json.loads(data)
         if encoding in UNSAFE:
             return pickle.loads(data)  # refused at open unless allow_pickle
         # images

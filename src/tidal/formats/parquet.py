@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidal.errors import FormatError, RecordError, SchemaError, StorageError
-from tidal.formats import Errors, Options, Piece, bad, data_errors
+from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 
 NAME = "parquet"
 
@@ -78,7 +78,7 @@ def columns(info: dict) -> list[str] | None:
 class ParquetReader:
     def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors):
         self._path = path
-        self._file = _open_file(path, info.get("file"))
+        self._file = _open_file(path, source(path, info))
         try:
             names = self._file.schema_arrow.names
         except data_errors() as exc:

@@ -38,10 +38,9 @@ import tarfile
 from typing import IO, Any
 
 import numpy as np
-from orjson import loads
 
 from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Options, Piece, bad, data_errors, source
+from tidal.formats import Errors, Options, Piece, _json, bad, data_errors, source
 from tidal.formats.binary import open_stream
 from tidal.formats.codecs import open_stream as open_decompressed
 
@@ -64,7 +63,7 @@ def decode(field: str, data: bytes) -> Any:
     if ext in ("txt", "text"):
         return data.decode()
     if ext == "json":
-        return loads(data)
+        return _json.loads(data)
     if ext in ("cls", "cls2", "index"):
         return int(data.decode().strip())
     if ext == "npy":

@@ -50,6 +50,8 @@ class PackConfig:
     pad_id: int = 0
     buffer_size: int = 256
     chunk_docs: int = 256
+    column: str = "input_ids"  # the token ids of each document
+    eos: int | None = None  # appended to each document (pre-tokenized data without one)
 
 
 @dataclass(frozen=True, repr=False)
@@ -68,15 +70,29 @@ class Pack(Step):
         c = self.config
         return (
             f"pack({c.seq_len}, {c.strategy!r}, shift_labels={c.shift_labels}, "
-            f"mask_boundaries={c.mask_boundaries}, pad_id={c.pad_id}, buffer_size={c.buffer_size})"
+            f"mask_boundaries={c.mask_boundaries}, pad_id={c.pad_id}, buffer_size={c.buffer_size}, "
+            f"column={c.column!r}, eos={c.eos})"
         )
 
 
-def _doc_tokens(recs: list, column: str = "input_ids") -> list[np.ndarray]:
+def _doc_tokens(recs: list, cfg: PackConfig) -> list[np.ndarray]:
+    """Each record's documents as an integer array, with ``cfg.eos`` appended when given."""
+    column = cfg.column
     try:
-        docs = [np.asarray(r[column]) for r in recs]
+        docs = [r[column] if isinstance(r[column], np.ndarray) else np.asarray(r[column]) for r in recs]
     except (KeyError, TypeError):
-        raise TidalError(f"pack() needs records with {column!r}: call tokenize() first") from None
+        found = sorted(recs[0]) if recs and isinstance(recs[0], dict) else type(recs[0]).__name__
+        raise TidalError(
+            f"pack() packs the token ids of column {column!r}, which these records lack (they have {found}): "
+            "tokenize() text first, or pass pack(column=...)"
+        ) from None
+    for d in docs:
+        if d.ndim != 1 or d.dtype.kind not in "iu":
+            raise TidalError(
+                f"pack(): column {column!r} must hold 1-D arrays of integer token ids, not {d.dtype}{d.shape}"
+            )
+    if cfg.eos is not None:
+        docs = [np.append(d, np.asarray(cfg.eos, dtype=d.dtype)) for d in docs]
     return docs
 
 
@@ -137,7 +153,7 @@ class ConcatPackIterator(StageIterator):
         except StopIteration:
             self._ended = True
             return
-        docs = _doc_tokens(recs)
+        docs = _doc_tokens(recs, self._cfg)
         if docs:
             self._dtype = docs[0].dtype
         self._chunks.append(_Chunk(state, consumed, docs, self._dtype))
@@ -233,7 +249,7 @@ class BestFitPackIterator(StageIterator):
                 recs = records(self._up.next(cfg.chunk_docs))
             except StopIteration:
                 break
-            new = _doc_tokens(recs)
+            new = _doc_tokens(recs, cfg)
             docs += new
             total += sum(len(d) for d in new)
         if docs:

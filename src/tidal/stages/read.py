@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tidal.errors import FormatError, SchemaError, StateError, StorageError, TidalError
-from tidal.formats import Errors, Piece, Reader, data_errors, module
+from tidal.formats import Errors, Located, Piece, Reader, data_errors, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
 from tidal.stages import Context, Stage, StageIterator
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.storage.config import Storage
+from tidal.storage.retry import redact_urls
 from tidal.tables import Table, concat, cut, take
 from tidal.world import World
 
@@ -316,6 +317,7 @@ class ReadIterator(StageIterator):
         slices = order.slices(b)
         remote = self._prefetcher()
         if remote is not None:  # fetch this block's and the next blocks' shards in the background
+            remote.require(order.epoch, lambda: self._held_per_block(order, remote), self._world.num_workers)
             now = [s for s, _, _ in slices]
             later = self._upcoming(order, b)
             first_later = [s for s, _, _ in order.slices(b + 1)] if b + 1 < order.blocks else []
@@ -358,7 +360,7 @@ class ReadIterator(StageIterator):
 
     def _read(self, index: int, a: int, z: int) -> Piece:
         """Rows ``[a, z)`` of shard ``index``; what its reader cannot read goes to the policy."""
-        path = self._plan.shards[index].path
+        path = redact_urls(self._plan.shards[index].path)  # as its reader names it
         if index in self._broken:  # could not be opened: handed to the policy once, skipped since
             return Piece([], np.zeros(z - a, dtype=bool))
         opened = False
@@ -407,13 +409,14 @@ class ReadIterator(StageIterator):
         if reader is None:
             shard = self._plan.shards[index]
             columns = list(self._plan.columns) if self._plan.columns is not None else None
-            info, remote = shard.info, self._prefetcher()
+            info, remote, name = shard.info, self._prefetcher(), shard.path
             if remote is not None and remote.is_remote(index):
-                info = {**info, "file": remote.open(index)}  # a held local copy, or ranged reads
+                info = {**info, "file": Located(remote.open(index))}  # a held local copy, or ranged reads
+                name = redact_urls(shard.path)  # errors name the shard, never a signed URL's query
             try:
                 fmt = module(shard.format)
-                errors = self._policy.for_file(shard.path)
-                reader = fmt.open(shard.path, shard.compression, info, columns, errors, self._plan.options)
+                errors = self._policy.for_file(name)
+                reader = fmt.open(name, shard.compression, info, columns, errors, self._plan.options)
             except BaseException:
                 if remote is not None:
                     remote.release(index)
@@ -450,6 +453,23 @@ class ReadIterator(StageIterator):
             stats = self._remote.stats if self._remote is not None else None
             self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats)
         return self._remote
+
+    def _held_per_block(self, order: EpochOrder, remote: Prefetcher) -> Iterator[tuple[int, set[int]]]:
+        """``(block, remote shards open while it is read)`` for each block this reader reads this
+        epoch, in order: what :meth:`_load` keeps open (this block's shards, and those of the
+        next block that are open already), for the prefetcher to check the cache can hold it."""
+        intervals, _ = self._share(order.epoch)
+        held = {i for i in self._readers if remote.is_remote(i)}
+        last, after = -1, set[int]()
+        for a, z in intervals:
+            if z <= a:
+                continue
+            for b in range(max(order.block_at(a), last + 1), order.block_at(z - 1) + 1):
+                now = after if b == last + 1 and last >= 0 else {s for s, _, _ in order.slices(b)}
+                after = {s for s, _, _ in order.slices(b + 1)} if b + 1 < order.blocks else set()
+                held = (held & (now | after)) | now
+                last = b
+                yield b, held
 
     def _upcoming(self, order: EpochOrder, b: int) -> Iterator[int]:
         """The shards of the blocks this reader reads after block ``b`` this epoch, in order, lazily."""

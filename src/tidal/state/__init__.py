@@ -15,7 +15,8 @@ restores on another (:mod:`tidal.state.elastic`) and how one is shown or edited
   consumed, and which worker is next.
 - **loader state**: every rank's state, the topology, and per source the ``progress`` (the
   used-up positions of the epochs in progress), from which another topology restores;
-  ``DataLoader.state_dict()``.
+  ``DataLoader.state_dict()``, and ``tidal.jax.Loader.state_dict()`` (its ranks are JAX
+  processes, its workers the loader's readers).
 
 Reading a state back goes through :class:`View`, which checks every value it hands out, so a
 malformed or hostile state is a :class:`~tidal.errors.StateError` that names the key.

@@ -63,15 +63,21 @@ def show(state: dict) -> str:
 def skip(state: dict, batches: int) -> dict:
     """A state that continues ``batches`` batches (per rank) later, skipping the data between.
 
-    Each reader's position moves on by its part of the skipped batches, at the rate of
-    records per batch it has read so far. The result restores as on another topology: from
-    ``progress``, with the skipped records marked used.
+    For plain batches (records read from files, mapped and batched, none skipped as bad) it
+    is exact: each worker moves on by the batches it would have made of the next ``batches``,
+    in the loader's round-robin order, and the state restores batch for batch, as if those
+    batches had been consumed. Otherwise each reader moves on by its part of the skipped
+    batches at the rate of records per batch it has read so far, and the result restores as
+    on another topology: from ``progress``, with the skipped records marked used.
     """
     check_layout(state)
-    if not isinstance(batches, int) or batches < 0:
+    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
         raise StateError(f"cannot skip {batches!r} batches: give a non-negative number")
     if state.get(k.PROGRESS) is None:
         raise StateError("this state covers one rank: merge the ranks' states before skipping")
+    exact = _skip_plain(state, batches)
+    if exact is not None:
+        return exact
     out = copy.deepcopy(state)
     world_size, workers = state[k.TOPOLOGY]
     readers = world_size * workers
@@ -86,6 +92,76 @@ def skip(state: dict, batches: int) -> dict:
     out[k.RANKS] = [None] * world_size  # positions inside buffers no longer apply
     out[k.SKIPPED_BATCHES] = state.get(k.SKIPPED_BATCHES, 0) + batches
     return out
+
+
+_READ = {k.FIRST_EPOCH, k.EPOCH, k.OFFSET, k.PASSED}  # the position of a plain chain: its source's
+
+
+def _skip_plain(state: dict, batches: int) -> dict | None:
+    """:func:`skip` by whole batches of every worker, on the same topology; None unless the
+    batches are plain (``records_per_batch`` known: one source read in order)."""
+    rate = state.get(k.RECORDS_PER_BATCH)
+    if rate is None or len(state[k.SOURCES]) != 1 or any(r is None for r in state[k.RANKS]):
+        return None
+    ((key, src),) = state[k.SOURCES].items()
+    readers = [w for r in state[k.RANKS] for w in r[k.WORKERS] if w is not None]
+    if any(set(w[k.POSITION]) != _READ for w in readers):
+        return None
+    world_size, workers = state[k.TOPOLOGY]
+    origin = (state.get(k.ORIGIN) or {}).get(key) or {k.EPOCH: state[k.FIRST_EPOCH], k.DONE: {}}
+    out = copy.deepcopy(state)
+    for r, rank in enumerate(out[k.RANKS]):
+        start = rank[k.NEXT_WORKER]
+        for w in range(workers):
+            count = batches // workers + ((w - start) % workers < batches % workers)
+            reader = rank[k.WORKERS][w] or _fresh_reader(state, origin, key, [r, world_size, w, workers])
+            position = reader[k.POSITION]
+            offset = position[k.OFFSET] + reader[k.WITHIN] * rate
+            epoch, offset, moved = _move(
+                src, origin, world_size * workers, r * workers + w, position, offset, count * rate
+            )
+            position.update({k.EPOCH: epoch, k.OFFSET: offset, k.PASSED: position[k.PASSED] + moved})
+            reader[k.WITHIN] = 0
+            reader[k.USED] = {key: [epoch, offset]}
+            reader[k.COUNTS] = {
+                k.ITEMS: reader[k.COUNTS][k.ITEMS] + count,
+                k.RECORDS: reader[k.COUNTS][k.RECORDS] + moved,
+            }
+            rank[k.WORKERS][w] = reader
+        rank[k.NEXT_WORKER] = (start + batches) % workers
+        rank[k.COUNTS][k.BATCHES] += batches
+    out[k.PROGRESS] = progress_of(out)
+    out[k.SKIPPED_BATCHES] = state.get(k.SKIPPED_BATCHES, 0) + batches
+    return out
+
+
+def _fresh_reader(state: dict, origin: dict, key: str, reader: list[int]) -> dict:
+    """The state of a worker that has not yielded a batch yet: at the start of its share."""
+    first = state[k.FIRST_EPOCH]
+    epoch = max(first, origin[k.EPOCH])
+    return {
+        k.DATASET: state[k.DATASET],
+        k.READER: reader,
+        k.POSITION: {k.FIRST_EPOCH: first, k.EPOCH: epoch, k.OFFSET: 0, k.PASSED: 0},
+        k.WITHIN: 0,
+        k.USED: {key: [epoch, 0]},
+        k.COUNTS: {k.ITEMS: 0, k.RECORDS: 0},
+    }
+
+
+def _move(src: dict, origin: dict, readers: int, reader: int, position: dict, offset: int, records: int) -> tuple:
+    """(epoch, offset, records moved) ``records`` on through this reader's shares, stopping at
+    the end of the pass's last epoch."""
+    epoch, left = position[k.EPOCH], records
+    last = position[k.FIRST_EPOCH] + src[k.EPOCHS] - 1 if src[k.EPOCHS] is not None else None
+    while True:
+        done = origin[k.DONE].get(str(epoch), [])
+        size = sum(b - a for a, b in share(src[k.RECORDS], done, readers, reader, drop_remainder=src[k.FINITE]))
+        step = min(left, size - offset)
+        offset, left = offset + step, left - step
+        if left == 0 or size == 0 or (last is not None and epoch >= last):
+            return epoch, offset, records - left
+        epoch, offset = epoch + 1, 0
 
 
 def _records_per_batch(reader: dict) -> int:

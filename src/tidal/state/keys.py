@@ -12,8 +12,9 @@ FIRST_EPOCH = "first_epoch"  # the first epoch of the pass
 TOPOLOGY = "topology"  # [ranks, workers]
 RANKS = "ranks"  # per rank: a rank state, or None where unknown
 ORIGIN = "origin"  # the progress the readers were restored from (an elastic restore), or None
-SOURCES = "sources"  # per source: RECORDS per epoch and FINITE
+SOURCES = "sources"  # per source: RECORDS per epoch, FINITE, and EPOCHS per pass (None: forever)
 PROGRESS = "progress"  # per source: the epochs in progress and what of them is used up
+RECORDS_PER_BATCH = "records_per_batch"  # source records in every batch, where that is fixed; else None
 MIX_DRAWS = "mix_draws"  # records drawn by a mixture over all readers, kept by `skip`
 SKIPPED_BATCHES = "skipped_batches"  # batches skipped by `tidal state skip`
 
@@ -49,4 +50,5 @@ STREAMS = "streams"
 # -- progress (elastic restores) -------------------------------------------------------------
 DONE = "done"  # per epoch (a string): used-up intervals [[start, stop], ...]
 FINITE = "finite"
+EPOCHS = "epochs"
 MIX = "@mix"  # suffix of a mixture's key in progress and origin: {DRAWS: over all readers}

@@ -5,7 +5,8 @@
      "ranks": [{"next_worker": w, "workers": [reader state | None, ...],
                 "counts": {"batches": b, "tokens": t}} | None, ...],
      "origin": progress restored from | None,
-     "sources": {source key: {"records": per epoch, "finite": bool}},
+     "records_per_batch": n where every batch holds n source records | None,
+     "sources": {source key: {"records": per epoch, "finite": bool, "epochs": per pass | None}},
      "progress": {source key: {"epoch": e, "done": {epoch: [[start, stop], ...]}},
                   mixture key "…@mix": {"draws": over all readers}} | None}
 
@@ -37,9 +38,19 @@ def copy_rank(rank: dict) -> dict:
     return {k.NEXT_WORKER: rank[k.NEXT_WORKER], k.WORKERS: list(rank[k.WORKERS]), k.COUNTS: dict(rank[k.COUNTS])}
 
 
+def consume(rank: dict, worker: int, reader: dict, tokens: int) -> None:
+    """Update a rank state in place: the training loop consumed a batch of ``worker``, after
+    which that worker's reader state is ``reader``; ``tokens``: its ``input_ids`` count."""
+    rank[k.WORKERS][worker] = reader
+    rank[k.NEXT_WORKER] = (worker + 1) % len(rank[k.WORKERS])
+    counts = rank[k.COUNTS]
+    counts[k.BATCHES] += 1
+    counts[k.TOKENS] += tokens
+
+
 def sources_of(plans: dict) -> dict:
     """``sources`` of a state, from a dataset's read plans by source key."""
-    return {key: {k.RECORDS: p.total, k.FINITE: p.epochs is not None} for key, p in plans.items()}
+    return {key: {k.RECORDS: p.total, k.FINITE: p.epochs is not None, k.EPOCHS: p.epochs} for key, p in plans.items()}
 
 
 def make(
@@ -50,6 +61,7 @@ def make(
     topology: list[int],
     ranks: list[dict | None],
     origin: dict | None,
+    records_per_batch: int | None = None,
 ) -> dict:
     """A loader state; ``progress`` when every rank is known (see :func:`tidal.state.merge`)."""
     state: dict[str, Any] = {
@@ -61,6 +73,7 @@ def make(
         k.RANKS: ranks,
         k.ORIGIN: origin,
         k.SOURCES: sources,
+        k.RECORDS_PER_BATCH: records_per_batch,
     }
     state[k.PROGRESS] = None if any(r is None for r in ranks) else progress_of(state)
     return state
@@ -139,7 +152,10 @@ def check_layout(state: Any, where: str = "state") -> View:
     for key in sources.data:
         entry = sources.view(key)
         entry.integer(k.RECORDS)
-        entry.flag(k.FINITE)
+        finite = entry.flag(k.FINITE)
+        epochs = entry.get(k.EPOCHS)
+        if (epochs is not None or finite) and (type(epochs) is not int or epochs < 1 or not finite):
+            raise StateError(f"{entry.where(k.EPOCHS)}: {epochs!r} does not fit {k.FINITE}={finite}")
     ranks = view.entries(k.RANKS, length=ranks_n)
     for r, entry in enumerate(ranks):
         if entry is not None:
@@ -148,6 +164,8 @@ def check_layout(state: Any, where: str = "state") -> View:
         part = view.optional(key)
         if part is not None:
             check_progress(part, sources.data)
+    if view.get(k.RECORDS_PER_BATCH, None) is not None:
+        view.integer(k.RECORDS_PER_BATCH, lo=1)
     draws = view.optional(k.MIX_DRAWS)
     if draws is not None:
         for key in draws.data:

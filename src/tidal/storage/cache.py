@@ -3,7 +3,7 @@
 One directory, shared by every process of the machine and by any number of datasets.
 Each cached file is an *entry*, named by the SHA-1 of its URL and version (ETag or
 modification time), so a changed object is a new entry and an old copy is never mistaken
-for it. An entry ``k`` lives in ``<root>/shards/`` as up to five files:
+for it. An entry ``k`` lives in ``<root>/shards/`` as up to six files:
 
     k.shard   the bytes, complete and checked; only ever created by a rename
     k.meta    JSON: url, version, size, hash, and the size and mtime of k.shard when it
@@ -13,6 +13,9 @@ for it. An entry ``k`` lives in ``<root>/shards/`` as up to five files:
               *exclusively*, so an entry in use is never evicted
     k.fetch   a lock held *exclusively* by the one process downloading the entry; the
               others wait on it, then find the entry complete: one download per machine
+    k.pin     a lock held *shared* by a reader that fetched the entry ahead and will read
+              it soon: a prefetch never evicts a pinned entry, a reader that needs room
+              now may (the shard it needs now comes before one it needs later)
 
 All locks are ``flock`` locks: the kernel drops them when their process dies, so
 ``kill -9`` leaves nothing that blocks anyone. A killed download leaves a ``.part`` that no
@@ -28,6 +31,11 @@ are evicted down to a low-water mark (90% of the limit), so that scans are rare 
 the cache is full; the scan's total becomes the ledger. A crash can only leave the ledger
 too high, which the next scan corrects. Recency is the mtime of ``k.meta``, touched on
 every use. The indexes of remote datasets (``<root>/index/``) count too.
+
+Nothing here is ever world-writable, whatever the umask: directories are made ``0o755``
+and files ``0o644`` (less where the umask says so). A directory that cannot be written, or
+a disk that fills up, is a :class:`~tidal.errors.StorageError` naming the directory; a
+download that fails half-way leaves only a ``.part``, which is never read.
 """
 
 from __future__ import annotations
@@ -43,17 +51,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tidal.errors import StorageError
+from tidal.storage.retry import redact
 from tidal.storage.stats import Stats
+
+T = TypeVar("T")
 
 GLOBAL_LOCK = "cache.lock"
 LEDGER = "cache.usage"
 LOW_WATER = 0.9  # a scan that must evict evicts down to this share of the limit
 _META_SLACK = 4096  # a .meta file on disk
-_DIR_SHARE = 4096  # what an entry's five names may add to its directory: at most a block
+_DIR_SHARE = 4096  # what an entry's six names may add to its directory: at most a block
 _HASH_TRIES = 3  # downloads of one entry that may fail their size or hash check
+DIR_MODE = 0o755  # never group- or world-writable, whatever the umask
+FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -109,7 +122,7 @@ class _Files:
         d = root / "shards"
         self.dir = d
         self.shard, self.meta, self.part = d / f"{key}.shard", d / f"{key}.meta", d / f"{key}.part"
-        self.use, self.fetch = d / f"{key}.use", d / f"{key}.fetch"
+        self.use, self.fetch, self.pin = d / f"{key}.use", d / f"{key}.fetch", d / f"{key}.pin"
 
 
 def _lock(path: Path, how: int) -> int | None:
@@ -119,7 +132,7 @@ def _lock(path: Path, how: int) -> int | None:
     unlinked the path while we waited, and a lock on an unlinked file protects nothing.
     """
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(fd, how)
         except BlockingIOError:
@@ -135,6 +148,14 @@ def _lock(path: Path, how: int) -> int | None:
         if same:
             return fd
         os.close(fd)
+
+
+def _hold(f: _Files) -> int:
+    """An fd holding ``f``'s ``use`` lock shared (its directory made first, if it went)."""
+    f.dir.mkdir(mode=DIR_MODE, exist_ok=True)
+    fd = _lock(f.use, fcntl.LOCK_SH)
+    assert fd is not None
+    return fd
 
 
 def _usage(st: os.stat_result) -> int:
@@ -159,10 +180,14 @@ class Cache:
         self._scanned = False  # whether this process has recounted the cache yet
         self.hashes = hashes  # hash every download (else only those the index has a hash for, or verify)
         self._verified: set[str] = set()
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
+        try:  # here, once, rather than as a strange error in the middle of a download
+            mkdirs(self.root)
+            for d in (self.root / "shards", self.root / "index"):
+                with contextlib.suppress(FileExistsError):
+                    d.mkdir(mode=DIR_MODE)
+            os.close(os.open(self.root / GLOBAL_LOCK, os.O_RDWR | os.O_CREAT, FILE_MODE))
         except OSError as exc:
-            raise StorageError(f"cannot create the shard cache {self.root}: {exc}") from None
+            raise StorageError(_write_error(self.root, exc)) from None
 
     # -- use -------------------------------------------------------------------------
 
@@ -179,51 +204,78 @@ class Cache:
             return None
         return Handle(f.shard, fd, meta.get("hash"))
 
-    def acquire(self, entry: Entry, fill: Fill, *, wait: float = 300.0) -> Handle | None:
+    def acquire(
+        self, entry: Entry, fill: Fill, *, wait: float = 300.0, pin: bool = False, reserved: int = 0
+    ) -> Handle | None:
         """The entry, held: from the cache, or filled by ``fill`` (once per machine) and kept.
 
-        With ``wait=0`` the call returns None instead of waiting for room in the cache
-        (for prefetching); otherwise it waits up to ``wait`` seconds for readers elsewhere
-        to release enough, then raises :class:`StorageError`.
+        With ``wait=0`` (prefetching) the call returns None instead of waiting for room in
+        the cache, and evicts nothing pinned; otherwise it evicts pinned entries too if it
+        must, and waits up to ``wait`` seconds for readers elsewhere to release enough, then
+        raises :class:`StorageError`. ``reserved``: bytes of entries the caller holds and
+        will not release while it waits; when they leave no room, it raises at once.
+        ``pin``: the handle pins the entry (see the module docstring) instead of holding it.
         """
-        if _footprint(entry.size) > self.limit:
+        need = footprint(entry.size)
+        if need + reserved > self.limit:
+            held = f" beside the {reserved:,} bytes of shards its reader holds" if reserved else ""
             raise StorageError(
-                f"{entry.url}: {entry.size:,} bytes do not fit in the cache_limit of {self.limit:,} bytes",
-                url=entry.url,
+                f"{redact(entry.url)}: {entry.size:,} bytes ({need:,} in the cache with its metadata) do not fit "
+                f"in the cache_limit of {self.limit:,} bytes{held}: raise cache_limit",
+                url=redact(entry.url),
             )
         f = _Files(self.root, entry.key)
-        f.dir.mkdir(exist_ok=True)
-        use = _lock(f.use, fcntl.LOCK_SH)
-        assert use is not None
+        use = self._writable(lambda: _hold(f))
         try:
             meta = self._valid(f, entry)
             if meta is not None:
-                return Handle(f.shard, use, meta.get("hash"))
-            fetch = _lock(f.fetch, fcntl.LOCK_EX)  # another process may be filling it: wait
-            assert fetch is not None
-            try:
-                meta = self._valid(f, entry)
-                if meta is not None:  # it was: done once, by them
-                    return Handle(f.shard, use, meta.get("hash"), fresh=True)
+                handle = Handle(f.shard, use, meta.get("hash"))
+            else:
+                fetch = _lock(f.fetch, fcntl.LOCK_EX)  # another process may be filling it: wait
+                assert fetch is not None
                 try:
-                    digest = self._fill(f, entry, fill, wait)
-                except _NoRoom:
-                    os.close(use)
-                    return None
-                return Handle(f.shard, use, digest, fresh=True)
-            finally:
-                os.close(fetch)
+                    meta = self._valid(f, entry)
+                    if meta is not None:  # it was: done once, by them
+                        handle = Handle(f.shard, use, meta.get("hash"), fresh=True)
+                    else:
+                        try:
+                            digest = self._fill(f, entry, fill, wait, reserved)
+                        except _NoRoom:
+                            os.close(use)
+                            return None
+                        handle = Handle(f.shard, use, digest, fresh=True)
+                finally:
+                    os.close(fetch)
         except BaseException:
             os.close(use)
             raise
+        if pin:  # pinned before the hold goes: never a moment in which a prefetch could evict it
+            pinned = _lock(f.pin, fcntl.LOCK_SH)
+            assert pinned is not None
+            os.close(use)
+            handle._fd = pinned
+        return handle
 
-    def _fill(self, f: _Files, entry: Entry, fill: Fill, wait: float) -> str | None:
-        """Download into ``k.part``, check it, rename it into place. Holds ``k.fetch``."""
+    def _writable(self, action: Callable[[], T]) -> T:
+        """``action()``, an error writing the cache directory made a :class:`StorageError` naming it."""
+        try:
+            return action()
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError(_write_error(self.root, exc)) from None
+
+    def _fill(self, f: _Files, entry: Entry, fill: Fill, wait: float, reserved: int) -> str | None:
+        """Download into ``k.part``, check it, rename it into place. Holds ``k.fetch``.
+
+        Whatever fails on the way (the network, the disk, a check) removes what was
+        written: only a complete, checked file with its meta is ever an entry."""
         last = ""
+        url = redact(entry.url)
         for _ in range(_HASH_TRIES):
             for p in (f.meta, f.shard, f.part):  # a stale or rejected copy: ours to replace
                 p.unlink(missing_ok=True)
-            if not self._reserve(f, entry, wait):
+            if not self._reserve(f, entry, wait, reserved):
                 raise _NoRoom
             try:
                 wanted = entry.hash is not None or self.verify or self.hashes
@@ -233,22 +285,28 @@ class Cache:
                     self.stats.add(corrupt=1)
                     got = f"{size:,} bytes" if size != entry.size else digest
                     problem = f"expected {entry.size:,} bytes" if size != entry.size else f"expected {entry.hash}"
-                    last = f"{entry.url}: the download does not match the index ({problem}, got {got})"
+                    last = f"{url}: the download does not match the index ({problem}, got {got})"
                     continue
                 os.replace(f.part, f.shard)
-            except BaseException:
-                f.part.unlink(missing_ok=True)
+                st = os.stat(f.shard)
+                meta = {"url": entry.url, "version": entry.version, "size": entry.size, "hash": digest}
+                meta.update(placed_size=st.st_size, placed_mtime_ns=st.st_mtime_ns)
+                tmp = f.meta.with_name(f.meta.name + f".{os.getpid()}.tmp")
+                try:
+                    _write_file(tmp, json.dumps(meta).encode())
+                    os.replace(tmp, f.meta)
+                finally:
+                    tmp.unlink(missing_ok=True)
+            except BaseException as exc:
+                for p in (f.meta, f.shard, f.part):
+                    p.unlink(missing_ok=True)
+                if isinstance(exc, OSError) and not isinstance(exc, StorageError):  # the disk, not the network
+                    raise StorageError(f"{url}: {_write_error(self.root, exc)}", url=url) from None
                 raise
-            st = os.stat(f.shard)
-            meta = {"url": entry.url, "version": entry.version, "size": entry.size, "hash": digest}
-            meta.update(placed_size=st.st_size, placed_mtime_ns=st.st_mtime_ns)
-            tmp = f.meta.with_name(f.meta.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(meta))
-            os.replace(tmp, f.meta)
             self._verified.add(f.shard.name)
             return digest
         f.part.unlink(missing_ok=True)
-        raise StorageError(f"{last}; tried {_HASH_TRIES} times", url=entry.url, attempts=_HASH_TRIES)
+        raise StorageError(f"{last}; tried {_HASH_TRIES} times", url=url, attempts=_HASH_TRIES)
 
     def _valid(self, f: _Files, entry: Entry) -> dict | None:
         """The meta of a complete, unaltered copy of ``entry``; None (and the copy removed) otherwise.
@@ -287,36 +345,50 @@ class Cache:
 
     # -- space -----------------------------------------------------------------------
 
-    def _reserve(self, f: _Files, entry: Entry, wait: float) -> bool:
-        """Make room for ``entry`` and preallocate its ``.part``; False if there is none and ``wait`` is 0."""
-        need = _footprint(entry.size)
+    def _reserve(self, f: _Files, entry: Entry, wait: float, reserved: int) -> bool:
+        """Make room for ``entry`` and preallocate its ``.part``; False if there is none and ``wait`` is 0.
+
+        A reader that needs the entry now (``wait > 0``) may evict pinned entries: what
+        it reads now comes before what anyone reads later. A prefetch (``wait=0``) may not."""
+        need = footprint(entry.size)
+        force = wait > 0
+        url = redact(entry.url)
         deadline = time.monotonic() + wait
         pause = 0.05
         while True:
             with self._space() as ledger:
-                if ledger.fits(need):
+                while ledger.fits(need, force):
                     try:
                         self._preallocate(f.part, entry.size)
-                        ledger.add(need)
-                        return True
                     except OSError as exc:
-                        if exc.errno != errno.ENOSPC:
-                            raise StorageError(f"cannot write to the shard cache {self.root}: {exc}") from None
-                        if not ledger.evict_one():
-                            raise StorageError(
-                                f"{entry.url}: the disk of the shard cache {self.root} is full "
-                                "and nothing in the cache can be evicted",
-                                url=entry.url,
-                            ) from None
-                        continue
-            if wait <= 0:
+                        f.part.unlink(missing_ok=True)  # a failed fallocate may leave blocks behind
+                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                            raise StorageError(f"{url}: {_write_error(self.root, exc)}", url=url) from None
+                        if ledger.evict_one(force):  # the disk is fuller than the limit: make room on it
+                            continue
+                        if not force:
+                            return False
+                        raise StorageError(
+                            f"{url}: {_write_error(self.root, exc)}; nothing in the cache can be evicted",
+                            url=url,
+                        ) from None
+                    ledger.add(need)
+                    return True
+                if force and self.fixed() + reserved + need > self.limit:
+                    raise StorageError(  # only this reader's own shards could make room: waiting cannot help
+                        f"{url}: no room in the shard cache {self.root} for {entry.size:,} bytes: its reader holds "
+                        f"{reserved:,} bytes of shards it reads now, the index and directories take "
+                        f"{self.fixed():,}, and the cache_limit is {self.limit:,} bytes; raise cache_limit",
+                        url=url,
+                    )
+            if not force:
                 return False
             if time.monotonic() > deadline:
                 raise StorageError(
-                    f"{entry.url}: no room in the shard cache {self.root} for {entry.size:,} bytes after "
+                    f"{url}: no room in the shard cache {self.root} for {entry.size:,} bytes after "
                     f"{wait:.0f}s: readers hold shards that fill the cache_limit of {self.limit:,} bytes; "
                     "raise cache_limit or use fewer readers per machine",
-                    url=entry.url,
+                    url=url,
                 )
             time.sleep(pause)
             pause = min(1.0, pause * 2)
@@ -325,12 +397,12 @@ class Cache:
         """Count ``nbytes`` about to be written into the cache directory that are not an entry
         (an index), evicting what no one holds to fit them, as far as that goes."""
         with self._space() as ledger:
-            ledger.fits(nbytes)
+            ledger.fits(nbytes, force=False)
             ledger.add(nbytes)
 
     @contextlib.contextmanager
     def _space(self) -> Iterator[_Ledger]:
-        held = _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX)
+        held = self._writable(lambda: _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX))
         assert held is not None
         try:
             yield _Ledger(self)
@@ -339,7 +411,7 @@ class Cache:
 
     @staticmethod
     def _preallocate(path: Path, size: int) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             if size:
                 try:
@@ -353,10 +425,11 @@ class Cache:
 
     def usage(self) -> int:
         """Bytes the cache takes on disk now, by a full scan (what ``du`` counts)."""
-        return sum(e[1] for e in self._scan().values()) + self._fixed()
+        return sum(e[1] for e in self._scan().values()) + self.fixed()
 
-    def _fixed(self) -> int:
-        """Bytes on disk that are not entries: the directories, the ledger, the remote indexes."""
+    def fixed(self) -> int:
+        """Bytes on disk that are not entries, which no eviction frees: the directories, the
+        ledger, the remote indexes."""
         total = 0
         for d in (self.root, self.root / "shards", self.root / "index"):
             with contextlib.suppress(FileNotFoundError):
@@ -386,16 +459,23 @@ class Cache:
             out[key] = (used, size + _usage(st), complete)
         return out
 
-    def _evict(self, key: str, *, count: bool) -> bool:
-        """Remove entry ``key`` if no one holds it; whether it was removed."""
+    def _evict(self, key: str, *, count: bool, pinned: bool = False) -> bool:
+        """Remove entry ``key`` if no one holds it (nor pins it, unless ``pinned``); whether it was removed."""
         f = _Files(self.root, key)
         fd = _lock(f.use, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if fd is None:
             return False
+        pin = None
         try:
-            for p in (f.meta, f.shard, f.part, f.fetch, f.use):  # the lock file last, still locked
+            if not pinned:
+                pin = _lock(f.pin, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if pin is None:
+                    return False
+            for p in (f.meta, f.shard, f.part, f.fetch, f.pin, f.use):  # the lock files last, still locked
                 p.unlink(missing_ok=True)
         finally:
+            if pin is not None:
+                os.close(pin)
             os.close(fd)
         if count:
             self.stats.add(evictions=1)
@@ -415,37 +495,48 @@ class _Ledger:
         if not cache._scanned:
             self.used = None  # each process scans once, first: it sweeps what dead ones left
 
-    def fits(self, need: int) -> bool:
-        """Whether ``need`` more bytes fit, scanning and evicting when the ledger says they do not."""
+    def fits(self, need: int, force: bool) -> bool:
+        """Whether ``need`` more bytes fit, scanning and evicting when the ledger says they do not
+        (pinned entries too, with ``force``, as far as ``need`` requires)."""
         if self.used is not None and self.used + need <= self.cache.limit:
             return True
-        self._scan(need)
+        self._scan(need, force)
         assert self.used is not None
         return self.used + need <= self.cache.limit
 
-    def _scan(self, need: int) -> None:
-        """Recount the disk; sweep stale downloads; evict LRU entries no one holds down to the low-water mark."""
+    def _scan(self, need: int, force: bool) -> None:
+        """Recount the disk; sweep stale downloads; evict LRU entries no one holds or pins down to
+        the low-water mark; with ``force``, then pinned ones until ``need`` fits."""
         cache = self.cache
         if not self.path.exists():
             self._write(0)  # the ledger file takes space too: let the scan see it
-        entries = cache._scan()
-        total = sum(e[1] for e in entries.values()) + cache._fixed()
+        entries = sorted(cache._scan().items(), key=lambda kv: kv[1][0])
+        total = sum(e[1] for _, e in entries) + cache.fixed()
         target = min(cache.limit, int(cache.limit * LOW_WATER)) - need
-        for key, (_, size, complete) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+        gone: set[str] = set()
+        for key, (_, size, complete) in entries:
             if complete and total <= target:
                 continue  # stale .part files and lock files of dead processes go whatever the room
             if cache._evict(key, count=complete):
+                total -= size
+                gone.add(key)
+        for key, (_, size, complete) in entries:
+            if not force or total + need <= cache.limit:
+                break
+            if complete and key not in gone and cache._evict(key, count=True, pinned=True):
                 total -= size
         self.used = total
         self._write(total)
         cache._scanned = True
 
-    def evict_one(self) -> bool:
-        for key, (_, _, complete) in sorted(self.cache._scan().items(), key=lambda kv: kv[1][0]):
-            if complete and self.cache._evict(key, count=True):
-                self.used = None
-                self._scan(0)
-                return True
+    def evict_one(self, force: bool) -> bool:
+        """Evict the least recently used complete entry that no one holds (nor pins, unless ``force``)."""
+        for pinned in (False, True) if force else (False,):
+            for key, (_, _, complete) in sorted(self.cache._scan().items(), key=lambda kv: kv[1][0]):
+                if complete and self.cache._evict(key, count=True, pinned=pinned):
+                    self.used = None
+                    self._scan(0, force=False)
+                    return True
         return False
 
     def add(self, nbytes: int) -> None:
@@ -456,18 +547,54 @@ class _Ledger:
     def _write(self, value: int) -> None:
         # in place, not by rename: a second file would take a block the ledger does not count;
         # a torn write reads as damaged, which only costs a scan
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            data = str(value).encode()
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+            try:
+                data = str(value).encode()
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageError(_write_error(self.cache.root, exc)) from None
 
 
-def _footprint(size: int) -> int:
+def footprint(size: int) -> int:
     """What an entry of ``size`` bytes takes on disk: its blocks, its meta file, its names."""
     return -(-size // 4096) * 4096 + _META_SLACK + _DIR_SHARE
+
+
+def mkdirs(path: Path) -> None:
+    """``mkdir -p`` that makes every level it creates ``DIR_MODE``, whatever the umask allows beyond it."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=DIR_MODE)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _write_error(root: Path, exc: OSError) -> str:
+    """What a failed write into the cache directory means, naming it."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk of the shard cache {root} is full ({why}): free space there, or set a cache_limit it can hold"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"the shard cache {root} is not writable ({why}): give Storage(cache_dir=...) a directory this process can write"
+    return f"cannot write to the shard cache {root}: {why}"
 
 
 def file_digest(path: Path, algorithm: str) -> str:

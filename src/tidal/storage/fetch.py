@@ -22,6 +22,7 @@ from tidal.errors import StorageError
 from tidal.storage.cache import Cache, Entry, Handle, hasher
 from tidal.storage.config import Storage
 from tidal.storage.fs import Remote
+from tidal.storage.retry import redact
 from tidal.storage.stats import Stats
 from tidal.storage.urls import protocol
 
@@ -46,16 +47,18 @@ class Fetcher:
     def remote(self, url: str) -> Remote:
         proto = protocol(url)
         if proto is None:
-            raise ValueError(f"{url} is not a remote URL")
+            raise ValueError(f"{redact(url)} is not a remote URL")
         if proto not in self._remotes:
             self._remotes[proto] = Remote(proto, self.storage, self.stats, data=self.data)
         return self._remotes[proto]
 
-    def acquire(self, entry: Entry, *, wait: float = 300.0) -> Handle | None:
+    def acquire(self, entry: Entry, *, wait: float = 300.0, pin: bool = False, reserved: int = 0) -> Handle | None:
         """A held local copy of ``entry``: from the cache, or downloaded once per machine.
 
-        ``wait=0``: None instead of waiting for room in the cache (prefetching)."""
-        return self.cache.acquire(entry, lambda path, algo: self._download(entry, path, algo), wait=wait)
+        ``wait=0``: None instead of waiting for room in the cache (prefetching); ``pin`` and
+        ``reserved``: see :meth:`tidal.storage.cache.Cache.acquire`."""
+        fill = lambda path, algo: self._download(entry, path, algo)  # noqa: E731
+        return self.cache.acquire(entry, fill, wait=wait, pin=pin, reserved=reserved)
 
     def lookup(self, entry: Entry) -> Handle | None:
         """A held local copy if the cache has one; never downloads."""
@@ -63,7 +66,8 @@ class Fetcher:
 
     def _download(self, entry: Entry, path: Path, algorithm: str | None) -> str | None:
         if self._closed:  # a prefetch that had not started when its reader was closed
-            raise StorageError(f"{entry.url}: download abandoned: its reader was closed", url=entry.url)
+            url = redact(entry.url)
+            raise StorageError(f"{url}: download abandoned: its reader was closed", url=url)
         remote = self.remote(entry.url)
         digest = hasher(algorithm) if algorithm is not None else None
         size, part = entry.size, self.storage.part_size
@@ -127,7 +131,7 @@ class RangeFile(io.RawIOBase):
         self._pos = 0
 
     def __repr__(self) -> str:
-        return f"RangeFile({self.url!r})"
+        return f"RangeFile({redact(self.url)!r})"
 
     def readable(self) -> bool:
         return True

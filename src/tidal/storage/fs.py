@@ -34,8 +34,9 @@ from functools import cached_property
 from typing import Any
 
 from tidal.errors import SourceError, StorageError
+from tidal.storage import logs
 from tidal.storage.config import Storage
-from tidal.storage.retry import Truncated, call
+from tidal.storage.retry import Truncated, call, redact
 from tidal.storage.stats import Stats
 
 _VERSION_KEYS = ("ETag", "etag", "e_tag", "generation", "VersionId", "version_id", "blob_id", "md5Hash")
@@ -107,15 +108,18 @@ class Remote:
         options = dict(self.storage.options)
         try:
             if self.backend == "obstore":
-                return _obstore(options, self.storage)
-            if self.backend == "s3fs":
-                return _s3fs(options, self.storage)
-            if self.protocol in ("http", "https") and "client_kwargs" not in options:
-                import aiohttp
+                fs = _obstore(options, self.storage)
+            elif self.backend == "s3fs":
+                fs = _s3fs(options, self.storage)
+            else:
+                if self.protocol in ("http", "https") and "client_kwargs" not in options:
+                    import aiohttp
 
-                t = self.storage.timeout
-                options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=min(t, 10), sock_read=t)}
-            return fsspec.filesystem(self.protocol, **options)
+                    t = self.storage.timeout
+                    options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=min(t, 10), sock_read=t)}
+                fs = fsspec.filesystem(self.protocol, **options)
+            logs.guard(self.storage.options)  # the client's libraries are imported now: their loggers exist
+            return fs
         except ImportError as exc:
             extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "hf": "hf"}
             hint = f" (pip install 'tidal[{extra[self.protocol]}]')" if self.protocol in extra else ""
@@ -163,7 +167,7 @@ class Remote:
     def stat(self, url: str) -> FileStat:
         info = self._info(url)
         if info.get("type") == "directory":
-            raise StorageError(f"{url}: is a directory, not a file", url=url)
+            raise StorageError(f"{redact(url)}: is a directory, not a file", url=redact(url))
         return FileStat(int(info["size"]), _version(info))
 
     def _info(self, url: str) -> dict:
@@ -171,7 +175,7 @@ class Remote:
             return call(lambda: self._request("info", self.path(url)), url=url, what="HEAD", retry=self.storage.retry)
         except StorageError as exc:
             if _not_found(exc):
-                raise SourceError(f"{url}: no such file or directory") from None
+                raise SourceError(f"{redact(url)}: no such file or directory") from None
             raise
 
     def expand(self, entry: str, keep: Any = None) -> dict[str, FileStat]:
@@ -179,12 +183,15 @@ class Remote:
         with ``.`` or ``_`` skipped, only those ``keep(name)`` accepts) or a glob; sorted by URL."""
         path = self.path(entry)
         retry = self.storage.retry
-        if _glob.has_magic(entry.split("://", 1)[1]):
+        where = entry.split("://", 1)[1]
+        if self.protocol in ("http", "https"):
+            where = where.split("?", 1)[0]  # a query string (a signed URL's) is not a pattern
+        if _glob.has_magic(where):
             found = call(lambda: self.fs.glob(path, detail=True), url=entry, what="LIST", retry=retry)
             files = {k: v for k, v in found.items() if v.get("type", "file") != "directory"}
             files = {k: v for k, v in files.items() if not posixpath.basename(k.rstrip("/")).startswith(".")}
             if not files:
-                raise SourceError(f"{entry}: the pattern matches no file")
+                raise SourceError(f"{redact(entry)}: the pattern matches no file")
         else:
             info = self._info(entry)
             if info.get("type") == "directory" or entry.endswith("/"):  # http(s): a page of links
@@ -199,7 +206,7 @@ class Remote:
                     if v.get("type", "file") == "file" and (keep is None or keep(parts[-1])):
                         files[k] = v
                 if not files:
-                    raise SourceError(f"{entry}: the directory holds no file tidal can read")
+                    raise SourceError(f"{redact(entry)}: the directory holds no file tidal can read")
             else:
                 files = {path: info}
         unsized = [k for k, v in files.items() if v.get("size") is None]  # http(s) listings: HEAD each

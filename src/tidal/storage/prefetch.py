@@ -6,10 +6,20 @@ not in the cache yet, up to ``Storage.prefetch`` beyond the current block, in ba
 threads. When the reader opens a shard (``open``) it is usually on disk already; the time
 it waits when it is not is counted as ``io_wait_s``.
 
-Only shards that a reader has open are *held* (cannot be evicted). A shard fetched ahead is
-merely the most recently used one in the cache: were it held too, readers of other
-processes could fill the cache with shards they do not read yet and leave none of them
-room for the shard they need now. For the same reason a prefetch never waits for room.
+Shards that a reader has open are *held*: nothing evicts them. A shard fetched ahead is
+*pinned* until the reader opens it: no prefetch (of this reader or any other on the
+machine) evicts it, but a reader that needs room for the shard it reads *now* does, so
+readers that fetched ahead can never leave one another without room for the present.
+And a prefetch never waits for room, nor goes further ahead than the cache has room for
+beside what this reader holds and will read sooner: it fetches shards in the order they
+will be read, and stops at the first that would not fit. So a prefetch never evicts a
+shard that its reader reads before it, and a lone reader downloads each shard once per
+epoch, however small the cache.
+
+The room a reader needs, it is told before it starts an epoch (``require``): the shards
+it holds at once, which :mod:`tidal.stages.read` works out from the epoch order. Parquet
+shards that do not fit are read in place; anything else that does not fit is a
+:class:`~tidal.errors.StorageError` at once, naming the limit and what is needed.
 
 Large Parquet shards of which the reader wants only a small share (a few columns) are not
 downloaded but read in place through byte ranges (:class:`tidal.storage.fetch.RangeFile`).
@@ -19,13 +29,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tidal.storage.cache import Entry, Handle
+from tidal.errors import StorageError
+from tidal.storage.cache import Entry, Handle, footprint
 from tidal.storage.config import Storage
 from tidal.storage.fetch import Fetcher, RangeFile
+from tidal.storage.retry import redact
 from tidal.storage.stats import Stats
 from tidal.storage.urls import is_remote
 
@@ -51,7 +63,8 @@ class Prefetcher:
     """The remote shards of one reader, by index in the plan's shard list.
 
     >>> pre = Prefetcher(plan.shards, storage, columns)
-    >>> pre.ahead([4, 9, 2])                 # the shards of the next blocks, in order
+    >>> pre.require(epoch, held_per_block)   # the room the reader needs: checked before it starts
+    >>> pre.ahead([4], [9, 2])               # the shards of this block, then of the next ones, in order
     >>> file = pre.open(4)                   # a local path (or an opener for ranged reads)
     >>> pre.release(4)                       # when its reader is closed
     """
@@ -69,20 +82,27 @@ class Prefetcher:
         self.stats = stats if stats is not None else Stats()
         self._fetcher = Fetcher(storage, self.stats)
         self._lock = threading.Lock()
-        self._pending: dict[int, Future[bool]] = {}  # fetches ahead, running or queued
+        self._pending: dict[int, Future[bool | None]] = {}  # fetches ahead, running or queued
+        self._pinned: dict[int, Handle] = {}  # fetched ahead, not opened yet
         self._held: dict[int, Handle] = {}  # shards the reader has open
+        self._chosen: set[int] = set()  # what the last ``ahead`` decided to have on disk
+        self._ranged: set[int] = set()  # Parquet shards read in place because the cache cannot hold them
+        self._checked: int | None = None  # the epoch ``require`` last checked
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
     def is_remote(self, index: int) -> bool:
         return is_remote(self._shards[index].path)
 
+    def _size(self, index: int) -> int:
+        return footprint(self._shards[index].bytes)
+
     def open(self, index: int) -> str | Callable[[], RangeFile]:
         """Where the reader finds shard ``index``: a held local path, or an opener of ranged reads.
 
         Held until :meth:`release`."""
         shard = self._shards[index]
-        if wants_ranges(shard, self._columns):
+        if index in self._ranged or wants_ranges(shard, self._columns):
             handle = self._fetcher.lookup(entry(shard))  # a whole copy already here is cheaper still
             if handle is None:
                 return lambda: self._fetcher.range_file(shard.path, shard.bytes)
@@ -101,16 +121,22 @@ class Prefetcher:
         with self._lock:
             future = self._pending.pop(index, None)
         t0 = time.monotonic()
+        pin = None
         try:
             fresh = False
             if future is not None and not future.cancel():  # started: let it finish
-                fresh = future.result()  # its error, if it failed, is the reader's
-            handle = self._fetcher.acquire(entry(self._shards[index]))
+                fresh = bool(future.result())  # its error, if it failed, is the reader's
+            with self._lock:
+                pin = self._pinned.pop(index, None)
+                reserved = sum(self._size(i) for i in self._held if i != index)
+            handle = self._fetcher.acquire(entry(self._shards[index]), reserved=reserved)
             assert handle is not None
             fresh |= handle.fresh
             self.stats.add(cache_misses=int(fresh), cache_hits=int(not fresh))
             return handle
         finally:
+            if pin is not None:  # held now (or failed): the pin has done its work
+                pin.release()
             self.stats.add(io_wait_s=time.monotonic() - t0)
 
     def release(self, index: int) -> None:
@@ -124,14 +150,72 @@ class Prefetcher:
     def closed(self) -> bool:
         return self._closed
 
+    def require(self, epoch: int, held: Callable[[], Iterable[tuple[int, Collection[int]]]], readers: int = 1) -> None:
+        """Check, once per epoch, that the cache can hold what the reader holds at once.
+
+        ``held()`` yields, for each block the reader reads this epoch, ``(block, shards open
+        while it reads it)``. ``readers``: how many readers of this machine share the cache;
+        they may all hold their most at once (a DataLoader takes its workers' batches in turn,
+        so a worker ahead of the others keeps its block's shards open while it waits for its
+        turn), counted here as this reader's. Where a block's shards do not fit, its Parquet
+        shards are read in place instead (largest first); where that is not enough, a
+        :class:`StorageError` names the limit and what is needed.
+        """
+        if self._checked == epoch:
+            return
+        self._checked = epoch
+        cache = self._fetcher.cache
+        room = cache.limit - cache.fixed()
+        if sum(self._size(i) for i in range(len(self._shards)) if self._fetches_whole(i)) <= room:
+            return  # the whole dataset fits (a shard is on disk once, however many readers hold it)
+        for block, shards in held():
+            mine = sorted((i for i in shards if self._fetches_whole(i)), key=self._size, reverse=True)
+            for i in [i for i in mine if self._streamable(i)]:
+                if self._required(mine, readers) <= room:
+                    break
+                self._ranged.add(i)  # read in place from now on, largest first: it does not fit beside the others
+                mine.remove(i)
+            if self._required(mine, readers) > room:
+                raise StorageError(self._too_small(epoch, block, mine, readers))
+
+    def _required(self, shards: list[int], readers: int) -> int:
+        """Bytes the cache must have for entries when this reader, and as many others, hold ``shards``."""
+        return max(1, readers) * sum(self._size(i) for i in shards)
+
+    def _streamable(self, index: int) -> bool:
+        shard = self._shards[index]
+        return shard.format == "parquet" and shard.compression is None
+
+    def _too_small(self, epoch: int, block: int, shards: list[int], readers: int) -> str:
+        cache = self._fetcher.cache
+        fixed = cache.fixed()
+        need, required = sum(self._size(i) for i in shards), self._required(shards, readers)
+        names = ", ".join(redact(self._shards[i].path) for i in shards[:4])
+        more = f" and {len(shards) - 4} more" if len(shards) > 4 else ""
+        largest = max(self._shards[i].bytes for i in range(len(self._shards)) if self._fetches_whole(i))
+        others = (
+            f", times the {readers} DataLoader workers that share the cache and may each hold as much at once"
+            if readers > 1
+            else ""
+        )
+        return (
+            f"the cache_limit of {cache.limit:,} bytes is too small for this reader: it holds {len(shards)} "
+            f"shard{'s' if len(shards) > 1 else ''} at once (block {block} of epoch {epoch}: {names}{more}), which "
+            f"take {need:,} bytes in the cache with their metadata{others}, and the index and directories of "
+            f"{cache.root} take {fixed:,}: cache_limit must be at least {required + fixed:,} bytes "
+            f"(the largest shard is {largest:,} bytes). Raise cache_limit, or hold fewer shards at once "
+            "(shuffle(shards_per_block=...), fewer DataLoader workers)"
+        )
+
     def ahead(self, now: Iterable[int], later: Iterable[int]) -> None:
-        """Fetch in the background the shards the reader opens ``now`` and the next
-        ``Storage.prefetch`` distinct ones of ``later`` (in order); drop queued fetches of
-        shards no longer among them."""
+        """Have on disk the shards the reader opens ``now`` and, in the background, the next
+        ``Storage.prefetch`` distinct ones of ``later`` (in order) as far as the cache has room
+        for them beside what this reader holds; drop the fetches and pins of the others."""
         wanted: list[int] = []
         for i in now:
             if i not in wanted and self._fetches_whole(i):
                 wanted.append(i)
+        first_later = len(wanted)
         budget = self._storage.prefetch
         for i in later:
             if budget <= 0:
@@ -139,24 +223,55 @@ class Prefetcher:
             if i not in wanted and self._fetches_whole(i):
                 wanted.append(i)
                 budget -= 1
+        cache = self._fetcher.cache
+        room = cache.limit - cache.fixed()
+        unpin: list[Handle] = []
         with self._lock:
             if self._closed:
                 return
-            for i in [i for i in self._pending if i not in wanted]:
-                self._pending.pop(i).cancel()  # not needed soon after all; if it runs, let it finish
-            for i in wanted:
-                if i not in self._held and i not in self._pending:
+            room -= sum(self._size(i) for i in self._held if i not in wanted)  # held, not needed again soon
+            chosen: list[int] = []
+            for n, i in enumerate(wanted):
+                room -= self._size(i)
+                if room < 0 and n >= first_later:
+                    break  # no room without evicting what the reader reads sooner: not yet
+                chosen.append(i)
+            self._chosen = set(chosen)
+            for i in [i for i in self._pending if i not in self._chosen]:
+                self._pending.pop(i).cancel()  # not needed soon after all; if it runs, its pin is dropped
+            for i in [i for i in self._pinned if i not in self._chosen]:
+                unpin.append(self._pinned.pop(i))
+            for i in chosen[first_later:]:
+                fut = self._pending.get(i)
+                if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                    fut = fut if fut.result() is not None else None  # None: there was no room then, try again
+                if i not in self._held and i not in self._pinned and fut is None:
                     self._pending[i] = self._executor().submit(self._prefetch, i)
+            for i in chosen[:first_later]:  # read now: fetched in the background while the first is read
+                if i not in self._held and i not in self._pinned and i not in self._pending:
+                    self._pending[i] = self._executor().submit(self._prefetch, i)
+        for h in unpin:
+            h.release()
 
     def _fetches_whole(self, index: int) -> bool:
-        return self.is_remote(index) and not wants_ranges(self._shards[index], self._columns)
+        return (
+            self.is_remote(index) and index not in self._ranged and not wants_ranges(self._shards[index], self._columns)
+        )
 
-    def _prefetch(self, index: int) -> bool:
-        """Fetch shard ``index`` into the cache; whether it was not there yet."""
-        handle = self._fetcher.acquire(entry(self._shards[index]), wait=0)
+    def _prefetch(self, index: int) -> bool | None:
+        """Fetch shard ``index`` into the cache and pin it; whether it was not there yet, None if there was no room."""
+        handle = self._fetcher.acquire(entry(self._shards[index]), wait=0, pin=True)
         if handle is None:
-            return False
-        handle.release()  # in the cache, most recently used; held once the reader opens it
+            return None
+        with self._lock:
+            keep = not self._closed and index in self._chosen and index not in self._held
+            if keep:
+                old = self._pinned.get(index)
+                self._pinned[index] = handle
+        if not keep:
+            handle.release()  # not wanted any more: in the cache, most recently used, but not pinned
+        elif old is not None:
+            old.release()
         return handle.fresh
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -171,11 +286,12 @@ class Prefetcher:
             self._closed = True
             pending = list(self._pending.values())
             self._pending.clear()
-            held = list(self._held.values())
+            handles = [*self._held.values(), *self._pinned.values()]
             self._held.clear()
+            self._pinned.clear()
         for fut in pending:
             fut.cancel()
-        for h in held:
+        for h in handles:
             h.release()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

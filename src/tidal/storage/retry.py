@@ -167,6 +167,7 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
     >>> data = call(lambda: fs.cat_file(path), url=url, what="GET", retry=Retry())
     """
     start = time.monotonic()
+    url = redact(url)  # a signed URL's query string is a credential
     for attempt in range(retry.attempts):
         try:
             return fn()
@@ -210,9 +211,12 @@ _SECRET_FIELD = re.compile(
 
 def redact(text: str) -> str:
     """``text`` without ``user:password@`` in URLs, query strings (signatures) or ``secret=...`` fields."""
-    text = _USERINFO.sub("", text)
-    text = _QUERY.sub(r"\1?<redacted>", text)
-    return _SECRET_FIELD.sub(r"\1<redacted>", text)
+    return _SECRET_FIELD.sub(r"\1<redacted>", redact_urls(text))
+
+
+def redact_urls(text: str) -> str:
+    """``text`` without ``user:password@`` in URLs or the query strings of http(s) URLs (signatures)."""
+    return _QUERY.sub(r"\1?<redacted>", _USERINFO.sub("", text))
 
 
 def _clean(exc: BaseException) -> BaseException | None:

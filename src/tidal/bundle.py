@@ -1,0 +1,200 @@
+"""What background readers send, and the order batches are taken in: shared by every loader.
+
+A reader (one rank x worker) sends *bundles* of consecutive batches (1, 2, 4, ... up to
+``MAX_BUNDLE`` of them, and at most ``MAX_BUNDLE_BYTES``): each column of a bundle stacked
+into one numpy array, each text column packed into one UTF-8 buffer with offsets. One
+message of a few large buffers per bundle, instead of one message of Python objects per
+batch, is what keeps reader processes from costing throughput. Readers in threads send
+bundles of one batch, unstacked: nothing is copied.
+
+Each batch of a bundle carries its reader's state after it. The loader takes batches
+round-robin over its readers (0, 1, ..., again 0), skipping readers that have finished,
+whatever the bundle sizes (:func:`round_robin`), and keeps, per reader, the state after the
+last batch the training loop consumed (:func:`tidal.state.schema.consume`). So the loader's
+state is exactly what was consumed, however far the readers have run ahead.
+
+This module imports neither torch nor JAX: ``tidal.DataLoader`` (torch workers) and
+``tidal.jax.Loader`` (threads or spawned processes) both build on it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from tidal.stages import Stage, walk
+from tidal.stages.transform import Filter, Map
+from tidal.state import keys as k
+
+MAX_BUNDLE = 1024
+MAX_BUNDLE_BYTES = 16 << 20
+
+Widen = Callable[[np.ndarray], np.ndarray]
+
+
+def numeric(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
+
+
+def int32_ids(value: np.ndarray) -> np.ndarray:
+    """Token ids (``uint16``/``uint32``) as ``int32``, JAX's index type; other arrays as they are.
+    Done in the reader, not the training loop (and here, not in :mod:`tidal.jax`, so that reader
+    processes never import JAX)."""
+    if value.dtype in (np.uint16, np.uint32):
+        return value.astype(np.int32)
+    return np.ascontiguousarray(value)
+
+
+def prepare(value: Any, widen: Widen) -> Any:
+    """``widen`` applied to every numeric array of an item (nested dicts included)."""
+    if numeric(value):
+        return widen(value)
+    if isinstance(value, dict):
+        return {k: prepare(v, widen) for k, v in value.items()}
+    return value
+
+
+class Strings:
+    """A text column of a whole bundle as one UTF-8 buffer and offsets: two large buffers to
+    copy instead of thousands of string objects to pickle and unpickle."""
+
+    def __init__(self, batches: list[list[str]]):
+        encoded = [t.encode() for batch in batches for t in batch]
+        self.data = b"".join(encoded)
+        self.offsets = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
+        self.starts = np.cumsum([0] + [len(b) for b in batches]).tolist()
+        self._view: memoryview | None = None
+
+    @staticmethod
+    def accepts(values: list[Any]) -> bool:
+        return all(isinstance(v, list) and all(type(t) is str for t in v) for v in values)
+
+    def __getitem__(self, j: int) -> list[str]:
+        if self._view is None:
+            self._view = memoryview(self.data)
+        view, offsets = self._view, self.offsets
+        a, b = self.starts[j], self.starts[j + 1]
+        return [str(view[offsets[i] : offsets[i + 1]], "utf-8") for i in range(a, b)]
+
+    def __getstate__(self) -> dict:
+        return {"data": self.data, "offsets": self.offsets, "starts": self.starts}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _view=None)
+
+
+class Bundle:
+    """Consecutive items of one reader, with the reader's state after each; with ``pack``,
+    columns stacked into one array where shapes agree. ``end``: the reader has no more."""
+
+    def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Widen):
+        self.worker, self.states, self.end = worker, states, end
+        self.columns: dict[str, Any] | None = None
+        self.items: list[Any] | None = None
+        first = items[0] if items else None
+        same = isinstance(first, dict) and all(isinstance(i, dict) and i.keys() == first.keys() for i in items)
+        if pack and same and isinstance(first, dict):
+            self.columns = {k: self._stack([i[k] for i in items], widen) for k in first}
+        else:
+            self.items = [prepare(i, widen) for i in items]
+
+    @staticmethod
+    def _stack(values: list[Any], widen: Widen) -> Any:
+        v0 = values[0]
+        if (
+            isinstance(v0, np.ndarray)
+            and v0.dtype.kind in "biuf"
+            and all(isinstance(v, np.ndarray) and v.shape == v0.shape and v.dtype == v0.dtype for v in values)
+        ):
+            return widen(np.stack(values))
+        if Strings.accepts(values):
+            return Strings(values)
+        return [prepare(v, widen) for v in values]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def item(self, j: int) -> Any:
+        """Item ``j`` as numpy (numeric columns are views of the bundle's arrays)."""
+        if self.columns is not None:
+            return {k: col[j] for k, col in self.columns.items()}
+        assert self.items is not None
+        return self.items[j]
+
+
+def nbytes(item: Any) -> int:
+    """Bytes of an item's arrays and text: what bounds a bundle."""
+    if not isinstance(item, dict):
+        return 0
+    total = 0
+    for v in item.values():
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, list) and v and type(v[0]) is str:
+            total += sum(len(t) for t in v)
+    return total
+
+
+def bundles(
+    it: Any, worker: int, pack: bool, widen: Widen, max_size: int = MAX_BUNDLE, kind: type[Bundle] = Bundle
+) -> Iterator[Bundle]:
+    """A reader's items (``it``: a :class:`tidal.iterator.DatasetIterator`) as bundles of
+    1, 2, 4, ... up to ``max_size`` items; the last one has ``end`` set (it may be empty)."""
+    size = 1
+    try:
+        while True:
+            items: list[Any] = []
+            states: list[dict] = []
+            total = 0
+            for item in it:
+                items.append(item)
+                state = it.state()
+                state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
+                states.append(state)
+                total += nbytes(item)
+                if len(items) >= size or total >= MAX_BUNDLE_BYTES:
+                    break
+            else:
+                yield kind(worker, items, states, end=True, pack=pack, widen=widen)
+                return
+            yield kind(worker, items, states, end=False, pack=pack, widen=widen)
+            size = min(2 * size, max_size)
+    finally:
+        it.close()
+
+
+def round_robin(fetch: Callable[[int], Bundle], workers: int, start: int) -> Iterator[tuple[int, Bundle, int]]:
+    """``(worker, bundle, j)`` for every item, in worker order from ``start`` (0, 1, ..., again
+    0), skipping workers that have ended. ``fetch(w)`` returns the next bundle of worker ``w``
+    or, where bundles arrive in an order of their own, of any worker: each is filed under its
+    worker until that worker's turn."""
+    queues: list[deque[tuple[Bundle, int]]] = [deque() for _ in range(workers)]
+    ended = [False] * workers
+    w = start
+    while not all(ended[i] and not queues[i] for i in range(workers)):
+        while not queues[w] and not ended[w]:
+            bundle = fetch(w)
+            queues[bundle.worker].extend((bundle, j) for j in range(len(bundle)))
+            ended[bundle.worker] |= bundle.end
+        if queues[w]:
+            bundle, j = queues[w].popleft()
+            yield w, bundle, j
+        w = (w + 1) % workers
+
+
+def check_pickles(stage: Stage, workers: str) -> None:
+    """Workers that receive the dataset pickled (spawn, forkserver): say which function does
+    not pickle, instead of an error from inside the worker start. ``workers`` names them."""
+    for part in walk(stage):
+        if isinstance(part, (Map, Filter)):
+            try:
+                pickle.dumps(part.fn)
+            except Exception as exc:
+                raise TypeError(
+                    f"{part.call()}: {workers} receive the dataset pickled, and this function does not "
+                    f"pickle ({exc}); define it at the top level of a module"
+                ) from None

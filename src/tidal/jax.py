@@ -1,0 +1,317 @@
+"""``tidal.jax.Loader``: global ``jax.Array`` batches, sharded over a mesh, with exact, elastic state.
+
+JAX training (Flax, MaxText- or EasyDeL-style loops) runs one process per host, each
+driving its local devices, and steps on *global* arrays. Each process is a rank here: it
+reads only its own share of the data (``tidal.World.ranks()`` reads the rank from
+``jax.process_index()`` once ``jax.distributed.initialize`` has run) and the global batch is
+assembled from the processes' local batches by ``jax.make_array_from_process_local_data``:
+with ``.batch(n)`` and P processes, every numeric column is a global array of ``n * P`` rows,
+each process's rows on its own devices. No record is in two processes' slices.
+
+Loading happens in the background, in threads (default) or in processes started with
+``spawn`` (:class:`tidal.pool.Pool`): each worker reads its own share of the process's
+share and sends batches with its reader state after each; batches are taken round-robin over
+the workers, as ``tidal.DataLoader`` does (:mod:`tidal.bundle`). A thread puts the next
+``prefetch`` batches on the devices ahead of the training step. Neither counts as consumed:
+``state_dict()`` is exactly what the training loop received.
+
+The state is the loader state of :mod:`tidal.state.schema`, the same JSON as
+``tidal.DataLoader.state_dict()`` (ranks are JAX processes, workers this loader's readers),
+so ``tidal state show`` and ``tidal state skip`` work on it, and a state restores on any
+number of processes and workers with no record lost or repeated within the epoch. Under
+multi-process JAX, ``state_dict()`` gathers every process's part (``process_allgather`` of
+the JSON bytes), so every process returns the same dict: call it on every process at the
+same step, as any collective.
+
+This module needs JAX, not torch, and is imported only when used.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Generator, Iterator
+from types import TracebackType
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+
+from tidal.bundle import int32_ids, numeric, round_robin
+from tidal.dataset import Dataset
+from tidal.errors import TidalError
+from tidal.pool import Ahead, Pool, WorkerType
+from tidal.stages.batch import Batch
+from tidal.state import keys as k
+from tidal.state import schema
+from tidal.world import World
+
+__all__ = ["Loader", "data_sharding"]
+
+
+def data_sharding(axis: str = "data") -> NamedSharding:
+    """The default: the batch axis split over every device of every process, in process order
+    (a 1-D mesh named ``axis``), other axes whole. Process ``p``'s rows land on its own devices."""
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return NamedSharding(Mesh(np.array(devices), (axis,)), PartitionSpec(axis))
+
+
+class Loader:
+    """Global ``jax.Array`` batches of a batched tidal :class:`~tidal.Dataset`, loaded in the
+    background and put on the devices ahead, with a small JSON state that restores exactly.
+
+    >>> ds = tidal.Dataset("data/*.parquet", columns=["text"]).shuffle(seed=0).repeat()
+    >>> loader = tidal.jax.Loader(ds.tokenize("tokenizer.json").pack(2048).batch(8), num_workers=2)
+    >>> for step, batch in enumerate(loader):       # batch["input_ids"]: int32 (8 x processes, 2048)
+    ...     params, loss = train_step(params, batch)
+    ...     if step % 1000 == 0:
+    ...         save(params, loader.state_dict())   # every process, at the same step
+    >>> loader.load_state_dict(state)                # in a new run: continues exactly
+
+    ``sharding``: how every numeric column is laid out over the devices; its batch axis must
+    split over the processes (each process's devices hold its own rows), as in data parallel
+    training. Default: :func:`data_sharding`, the batch over every device. Columns that are not
+    numeric arrays (text) stay this process's own rows, as lists. Token ids (``uint16``,
+    ``uint32``) arrive as ``int32``; other dtypes as JAX makes them (``int64`` becomes
+    ``int32`` unless ``jax_enable_x64`` is set). Every batch must have the dataset's batch
+    size on every process (``.batch(n)`` drops incomplete batches by default).
+
+    ``num_workers``: readers in the background (0: read in the loop's thread, or in the
+    prefetch thread); ``worker_type``: ``"thread"`` (default; tokenizing, decompressing and
+    Arrow release the GIL) or ``"process"`` (started with ``spawn``: functions given to
+    ``map``/``filter`` must pickle, and the main script needs an ``if __name__ == "__main__"``
+    guard). ``prefetch``: batches put on the devices ahead of the loop (0: when asked for).
+    ``batch_size=n`` is a shortcut for ``dataset.batch(n)``.
+
+    Iterating goes on from the last batch consumed; after a complete pass over a finite dataset
+    the next pass reads the next epochs. Under multi-process JAX, a finite pass whose readers may
+    end unevenly (filters, packing, a mixture that stops) ends on the same step for every process,
+    at the cost of one tiny all-gather per batch, so no process waits on another that ran out.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        sharding: Sharding | None = None,
+        *,
+        num_workers: int = 2,
+        worker_type: WorkerType = "thread",
+        prefetch: int = 2,
+        batch_size: int | None = None,
+    ):
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"tidal.jax.Loader takes a tidal.Dataset, not {type(dataset).__name__}")
+        if batch_size is not None:
+            if dataset.batched:
+                raise ValueError("the dataset is already batched; drop batch_size= or the .batch() call")
+            dataset = dataset.batch(batch_size)
+        if not isinstance(dataset.stage, Batch):
+            raise ValueError("tidal.jax.Loader makes global arrays of batches: end the dataset with .batch(n)")
+        if sharding is not None and not isinstance(sharding, Sharding):
+            raise TypeError(f"sharding must be a jax.sharding.Sharding, not {type(sharding).__name__}")
+        if worker_type not in ("thread", "process"):
+            raise ValueError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
+        for name, value in (("num_workers", num_workers), ("prefetch", prefetch)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, not {value!r}")
+        self.dataset = dataset
+        self.batch_size = dataset.stage.size
+        self._sharding = sharding
+        self._num_workers = num_workers
+        self._workers = max(1, num_workers)
+        self._worker_type: WorkerType = worker_type
+        self._prefetch = prefetch
+        self._pass = 0
+        self._origin: dict | None = None  # progress an elastic restore started from
+        self._local = schema.fresh_rank(self._workers)  # this process's readers: what the loop consumed
+        self._pending: dict | None = None  # a loaded state, applied when iteration starts
+        self._running: weakref.ref[LoaderIterator] | None = None  # the pass in progress, while it lives
+
+    # -- iteration -------------------------------------------------------------------
+
+    def __iter__(self) -> LoaderIterator:
+        """Start the readers from the last batch consumed (or the loaded state)."""
+        self.close()
+        ranks = self._ranks()
+        if self._pending is not None:
+            view = schema.check(self._pending, self.dataset.fingerprint(), self._sources())
+            restored = schema.restore(view, ranks.rank, ranks.world_size, self._workers)
+            self._pass, self._origin, self._local = restored.pass_, restored.origin, restored.rank
+            self._pending = None
+        together = ranks.world_size > 1 and jax.process_count() > 1 and self.dataset.may_end_unevenly()
+        running = LoaderIterator(self, ranks, together)
+        self._running = weakref.ref(running)
+        return running
+
+    def _ranks(self) -> World:
+        ranks = World.ranks()
+        count = jax.process_count()
+        if count > 1 and (ranks.rank, ranks.world_size) != (jax.process_index(), count):
+            raise TidalError(
+                f"the ranks tidal reads (rank {ranks.rank} of {ranks.world_size}, from torch.distributed or "
+                f"RANK/WORLD_SIZE) are not the JAX processes (process {jax.process_index()} of {count})"
+            )
+        return ranks
+
+    def _first_epoch(self) -> int:
+        return self._pass * self.dataset.epochs_per_pass()
+
+    def _sources(self) -> dict:
+        return schema.sources_of(self.dataset.sources())
+
+    def _globalize(self, batch: Any) -> dict:
+        """This process's batch as global arrays (numeric columns) and local lists (the rest)."""
+        sharding = self._sharding if self._sharding is not None else data_sharding()
+        self._sharding = sharding
+        out = {}
+        for name, value in batch.items():
+            if not numeric(value):
+                out[name] = value
+                continue
+            if value.ndim == 0 or value.shape[0] != self.batch_size:
+                raise TidalError(
+                    f"column {name!r}: a batch of shape {value.shape} where {self.batch_size} rows were expected; "
+                    "global arrays need the same batch size on every process (.batch(n, drop_last=True), the default)"
+                )
+            out[name] = jax.make_array_from_process_local_data(sharding, value)
+        return out
+
+    def _pass_ended(self) -> None:
+        self._pass, self._origin, self._local = self._pass + 1, None, schema.fresh_rank(self._workers)
+
+    def close(self) -> None:
+        """Stop the background readers and prefetching (a later ``iter()`` starts them again)."""
+        running = self._running() if self._running is not None else None
+        if running is not None:
+            running.close()
+        self._running = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What the training loop has consumed, on every process: small, JSON-able, topology-free.
+
+        Under multi-process JAX this gathers every process's part, so every process must call
+        it at the same step; every process then gets the same dict. The layout is
+        ``tidal.DataLoader``'s (:mod:`tidal.state.schema`): ranks are JAX processes.
+        """
+        if self._pending is not None:
+            return self._pending
+        ranks = self._ranks()
+        local = schema.copy_rank(self._local)
+        every: list[dict | None] = [None] * ranks.world_size
+        if ranks.world_size > 1 and jax.process_count() > 1:
+            every = list(_allgather_json(local))
+        else:
+            every[ranks.rank] = local
+        return schema.make(
+            self.dataset.fingerprint(),
+            self._sources(),
+            self._pass,
+            self._first_epoch(),
+            [ranks.world_size, self._workers],
+            every,
+            self._origin,
+            self.dataset.records_per_batch(),
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
+        was saved: batch for batch on the same number of processes and workers, and with no
+        record lost or repeated within the epoch on another. A state that is not one, or not
+        this dataset's, is a :class:`~tidal.StateError` naming the key."""
+        schema.check(state, self.dataset.fingerprint(), self._sources())
+        self.close()
+        self._pending = state
+
+
+class LoaderIterator(Iterator[dict]):
+    """One pass of a :class:`Loader`: its readers, its prefetch thread, and the batches in order.
+
+    Dropped before its end, its threads and processes stop on their own (nothing they hold
+    refers back to it); ``close()`` stops them and waits.
+    """
+
+    def __init__(self, loader: Loader, ranks: World, together: bool):
+        self._loader = loader
+        self._together = together
+        self._done = False
+        local = loader._local
+        self._pool = Pool(
+            loader.dataset,
+            ranks,
+            list(local[k.WORKERS]),
+            loader._first_epoch(),
+            loader._origin,
+            workers=loader._num_workers,
+            worker_type=loader._worker_type,
+            widen=int32_ids,
+        )
+        made = _made(self._pool, loader._workers, local[k.NEXT_WORKER], loader._globalize)
+        self._source: Ahead[tuple[int, dict, int, dict]] | Generator[tuple[int, dict, int, dict]] = (
+            Ahead(made, loader._prefetch, "tidal-jax-prefetch") if loader._prefetch else made
+        )
+
+    def __next__(self) -> dict:
+        if self._done:
+            raise StopIteration
+        try:
+            w, reader, tokens, batch = next(self._source)
+        except StopIteration:
+            if self._together:
+                _every_process_has(False)  # the step the others are asking about
+            self._end()
+            raise
+        except BaseException:
+            self.close()
+            raise
+        if self._together and not _every_process_has(True):
+            self._end()  # another process ran out: this pass ends here for all
+            raise StopIteration
+        schema.consume(self._loader._local, w, reader, tokens)
+        return batch
+
+    def _end(self) -> None:
+        self.close()
+        self._loader._pass_ended()
+
+    def close(self) -> None:
+        """Stop this pass's readers and prefetching; the loader keeps what was consumed."""
+        if self._done:
+            return
+        self._done = True
+        self._source.close()
+        self._pool.close()
+
+
+def _made(pool: Pool, workers: int, start: int, globalize: Any) -> Generator[tuple[int, dict, int, dict]]:
+    """``(worker, reader state after it, tokens, global batch)`` in round-robin order."""
+    for w, bundle, j in round_robin(pool.fetch, workers, start):
+        batch = bundle.item(j)
+        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        tokens = int(ids.size) if isinstance(ids, np.ndarray) else 0
+        yield w, bundle.states[j], tokens, globalize(batch)
+
+
+def _every_process_has(batch: bool) -> bool:
+    """Whether every JAX process has a next batch (an all-gather of one flag)."""
+    flags = multihost_utils.process_allgather(np.array([int(batch)], np.int32))
+    return bool(np.min(flags))
+
+
+def _allgather_json(value: Any) -> list[Any]:
+    """``value`` of every JAX process, in process order (as JSON bytes: sizes, then padded bytes)."""
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: data.size] = data
+    every = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(bytes(every[p, : sizes[p]])) for p in range(len(sizes))]

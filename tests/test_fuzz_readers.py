@@ -55,7 +55,7 @@ from test_formats_megatron import write_megatron
 import tidal
 from tidal.formats.tokens import TokenWriter
 
-FAST = 75  # inputs per reader in the default run
+FAST = 60  # inputs per reader in the default run
 LONG = 200  # and in the slow one
 DEADLINE_S = 30.0  # per input; generous: the test machine is shared
 

@@ -63,8 +63,8 @@ class Dataset:
       Arrow batch, a CSV segment) loses that part; a bad record only itself.
     - a function ``fn(error)``, given each such error (a ``RecordError``, or a
       ``FormatError`` for a file or part of one): return to skip it (counted as with
-      ``"skip"``, not logged: the function logs if it wants to), raise to stop. Define it at module level so that the dataset pickles
-      into DataLoader workers::
+      ``"skip"``, not logged: the function logs if it wants to), raise to stop. Define it
+      at module level so that the dataset pickles into DataLoader workers::
 
           def skip_records_not_files(error):
               if isinstance(error, tidal.FormatError):

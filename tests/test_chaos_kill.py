@@ -61,6 +61,7 @@ def consumed(job: Path, cycles: list[int], finished: bool) -> Counter[int]:
     return ids
 
 
+@pytest.mark.timeout(1200)  # 50 torchrun starts: a few minutes on 2 cores
 def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path: Path) -> None:
     data = make_shards(tmp_path / "data", SIZES)
     total = sum(SIZES)

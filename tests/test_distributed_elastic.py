@@ -231,7 +231,7 @@ def test_the_state_is_gathered_over_ranks_and_counts_what_they_consumed(runs: di
     assert [r["counts"]["batches"] for r in state["ranks"]] == [K, K]
     assert [r["next_worker"] for r in state["ranks"]] == [K % 2, K % 2]
     assert records_done(state["progress"][""]) == len(head)
-    assert state["sources"][""] == {"records": N, "finite": True}
+    assert state["sources"][""] == {"records": N, "finite": True, "epochs": 1}
     # the first topology reads from the start: each of its 4 readers a consecutive range of N // 4
     order = runs["orders"][0]
     q = N // 4
@@ -278,7 +278,7 @@ def test_infinite_stream_resumes_elastically_without_dropping(runs: dict, run: s
     head = [i for batches in first for i in ids(batches)]
     assert len(head) == len(set(head)) == 2 * KF * FOREVER["batch"]
     state = runs["forever"]
-    assert state["sources"][""] == {"records": N, "finite": False}
+    assert state["sources"][""] == {"records": N, "finite": False, "epochs": None}
     assert records_done(state["progress"][""]) == len(head)
 
     order0, order1 = runs["orders"]

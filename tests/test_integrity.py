@@ -267,3 +267,14 @@ def test_inspect_shows_unreadable_files(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "2 shards, 1 records" in out.stdout and "1 unreadable" in out.stdout
     assert "unreadable: " in out.stdout and "a.jsonl.zst: truncated zstd data" in out.stdout
+
+
+def test_an_errors_function_is_written_to_a_config_by_import_path(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"id": 0}\n{oops\n')
+    config = tidal.Dataset(tmp_path, errors=_collect).to_config()
+    assert config["source"]["errors"] == f"{__name__}:_collect"
+    again = tidal.Dataset.from_config(config)
+    assert again.sources()[""].errors is _collect and ids(again) == [0]
+    assert tidal.Dataset.from_config(tidal.Dataset(tmp_path, errors="skip").to_config()).sources()[""].errors == "skip"
+    with pytest.raises(tidal.ConfigError, match=r"\['errors'\]: 'raise', 'skip' or expected an import path"):
+        tidal.Dataset.from_config({**config, "source": {**config["source"], "errors": "ignore"}})

@@ -155,3 +155,24 @@ def test_tokenize_accepts_a_path_and_finds_eos(tmp_path: Path) -> None:
 def test_cu_seqlens_marks_every_document_start() -> None:
     position_ids = np.array([[0, 1, 2, 0, 1], [0, 1, 0, 0, 1]])
     assert cu_seqlens(position_ids).tolist() == [0, 3, 5, 7, 8, 10]
+
+
+def _rayon_threads(record: dict) -> dict:
+    import os
+
+    return {**record, "rayon": os.environ.get("RAYON_NUM_THREADS", "unset")}
+
+
+def test_tokenizer_threads_are_shared_among_dataloader_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import torch  # noqa: F401  (tidal.DataLoader)
+
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    ds = tidal.Dataset(write_docs(tmp_path / "data", [[1, 2, 3]] * 20)).tokenize(word_tokenizer(), eos="<eos>")
+    seen = {r["rayon"] for r in tidal.DataLoader(ds.map(_rayon_threads), num_workers=2)}
+    cores = len(os.sched_getaffinity(0))
+    assert seen == {str(max(1, cores // 2))}  # 2 workers x their threads: no more than the cores
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")  # the user's choice is kept
+    assert {r["rayon"] for r in tidal.DataLoader(ds.map(_rayon_threads), num_workers=2)} == {"3"}

@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tidal.dataset import Dataset, mix
-from tidal.errors import FormatError, RecordError, SchemaError, SourceError, StateError, StorageError, TidalError
+from tidal.errors import (
+    ConfigError,
+    FormatError,
+    RecordError,
+    SchemaError,
+    SourceError,
+    StateError,
+    StorageError,
+    TidalError,
+)
 from tidal.shards import Shard
 from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
@@ -20,6 +29,7 @@ if TYPE_CHECKING:
     from tidal.loader import DataLoader
 
 __all__ = [
+    "ConfigError",
     "Cosine",
     "DataLoader",
     "Dataset",

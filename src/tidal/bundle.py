@@ -186,6 +186,32 @@ def round_robin(fetch: Callable[[int], Bundle], workers: int, start: int) -> Ite
         w = (w + 1) % workers
 
 
+def steps(items: Iterator[tuple[int, Bundle, int]], workers: int) -> Iterator[list[tuple[int, Bundle, int]]]:
+    """Continuous batch rows shared by ``workers`` readers (:mod:`tidal.stages.continuous`): the
+    :func:`round_robin` items (from worker 0) in groups of one item of every worker, each group
+    one step; they end with the first worker that ends, since no whole step is left then."""
+    group: list[tuple[int, Bundle, int]] = []
+    for item in items:
+        if item[0] != len(group):
+            return
+        group.append(item)
+        if len(group) == workers:
+            yield group
+            group = []
+
+
+def side_by_side(parts: list[Any], cat: Callable[[list[Any]], Any]) -> Any:
+    """One batch of the rows of several batches, in order: arrays joined along the rows with
+    ``cat`` (``np.concatenate``, ``torch.cat``), lists one after the other."""
+    first = parts[0]
+    if not isinstance(first, dict):
+        return [row for part in parts for row in part]
+    return {
+        key: [row for part in parts for row in part[key]] if isinstance(value, list) else cat([p[key] for p in parts])
+        for key, value in first.items()
+    }
+
+
 def check_pickles(stage: Stage, workers: str) -> None:
     """Workers that receive the dataset pickled (spawn, forkserver): say which function does
     not pickle, instead of an error from inside the worker start. ``workers`` names them."""

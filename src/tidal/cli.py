@@ -1,4 +1,4 @@
-"""The ``tidal`` command: ``inspect``, ``state show``, ``state skip`` and ``demo``."""
+"""The ``tidal`` command: ``inspect`` (a dataset, or a pipeline ``--config``), ``convert``, ``state show``, ``state skip`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from pathlib import Path
 def _inspect(args: argparse.Namespace) -> int:
     from tidal.dataset import Dataset
 
+    if args.config is not None:
+        return _inspect_config(args)
+    if args.path is None:
+        raise ValueError("give a PATH to inspect, or --config PIPELINE")
     ds = Dataset(args.path, format=args.format, errors=_note)
     total_bytes = sum(s.bytes for s in ds.shards)
     bad = [s for s in ds.shards if s.error is not None]
@@ -30,6 +34,26 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _note(error: Exception) -> None:
     """The errors policy of ``inspect``: a file that cannot be read is listed, not fatal."""
+
+
+def _inspect_config(args: argparse.Namespace) -> int:
+    """The pipeline a config resolves to, and what each of its sources holds."""
+    from tidal.dataset import Dataset
+
+    ds = Dataset.from_config(args.config)
+    print(repr(ds))
+    for key, plan in ds.sources().items():
+        total_bytes = sum(s.bytes for s in plan.shards)
+        name = f"stream {key[:-1]}" if key else "source"
+        print(f"  {name}: {len(plan.shards)} shards, {plan.total} records, {total_bytes / 1e6:.1f} MB")
+    print(f"fingerprint {ds.fingerprint()}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from tidal.convert.cli import run_cli
+
+    return run_cli(args)
 
 
 def _state_show(args: argparse.Namespace) -> int:
@@ -72,11 +96,19 @@ def _demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tidal", description="Stream training data larger than memory.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("inspect", help="list a dataset's shards and record counts")
-    p.add_argument("path")
+    p = sub.add_parser("inspect", help="list a dataset's shards and record counts, or show a pipeline config")
+    p.add_argument("path", nargs="?", default=None)
     p.add_argument("--format", default=None)
+    p.add_argument("--config", default=None, help="a pipeline config (.yaml, .json, .toml): show what it resolves to")
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(run=_inspect)
+    p = sub.add_parser(
+        "convert", help="rewrite a dataset as Parquet or tidal token shards (restartable; processes or Ray)"
+    )
+    from tidal.convert.cli import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(run=_convert)
     p = sub.add_parser("state", help="read or edit a saved DataLoader state")
     state_sub = p.add_subparsers(dest="action", required=True)
     q = state_sub.add_parser("show", help="epoch, position per stream, records and tokens consumed")

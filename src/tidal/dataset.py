@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from tidal.formats import Errors, check_columns, check_errors, check_options
+from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
 from tidal.stages import Stage, walk
@@ -43,7 +44,8 @@ class Dataset:
     ...     batch["text"]  # a list of 8 strings
 
     ``src`` is a file, a directory (searched recursively for known file endings), a glob
-    (``**`` included) or a list of them. The format of each file is detected from its ending
+    (``**`` included) or a list of them, or a Hugging Face ``datasets.Dataset`` or
+    ``IterableDataset`` (see :mod:`tidal.hf_datasets`). The format of each file is detected from its ending
     and its siblings; ``format`` forces one (see :func:`tidal.formats.formats`).
     ``format_options`` go to the readers: ``allow_pickle`` (MDS and LitData ``pkl`` columns,
     refused by default: unpickling runs code from the data), ``decode_images`` (MDS image
@@ -116,9 +118,13 @@ class Dataset:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if overrides:
             settings = replace(settings, **overrides)
-        found = listing(src, settings, follow_links)
-        settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
-        shards = tuple(index(list(found), format, errors, settings, found))
+        src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
+        if held is not None:
+            shards = tuple(held)
+        else:
+            found = listing(src, settings, follow_links)
+            settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
+            shards = tuple(index(list(found), fmt, errors, settings, found))
         check_columns(shards, columns)
         plan = ReadPlan(
             shards=shards,
@@ -130,6 +136,7 @@ class Dataset:
             epochs=1,
             storage=settings if any(is_remote(s.path) for s in shards) else None,
             options=dict(options),
+            given={"src": _given(src), "format": format, "follow_links": follow_links},
         )
         self._init(Read(plan))
 
@@ -224,14 +231,25 @@ class Dataset:
         self._before_batch("filter")
         return self._then(Filter(self._stage, fn))
 
-    def batch(self, size: int, drop_last: bool = True) -> Dataset:
+    def batch(self, size: int, drop_last: bool = True, *, continuous: bool = False) -> Dataset:
         """Group records into dicts of columns: numpy arrays where values share a shape, else lists.
 
+        ``continuous=True``: each of the ``size`` rows is a stream of its own over a disjoint
+        share of the data, and row ``i`` of the next batch continues row ``i`` of this one
+        (for truncated BPTT and memory-carrying models; see :mod:`tidal.stages.continuous`).
+
         >>> next(iter(ds.batch(8)))["id"]      # array([...]) of 8 ints
+        >>> ds.tokenize(tok).pack(512).batch(8, continuous=True)
         """
         self._before_batch("batch")
-        if not isinstance(size, int) or size < 1:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"batch size must be an int of at least 1, not {size!r}")
+        if continuous:
+            from tidal.stages.continuous import ContinuousBatch
+
+            if not drop_last:
+                raise ValueError("batch(continuous=True) keeps whole batches only: drop drop_last=False")
+            return self._then(ContinuousBatch(self._stage, size))
         return self._then(Batch(self._stage, size, bool(drop_last)))
 
     def tokenize(
@@ -328,6 +346,8 @@ class Dataset:
         size = 1
         for stage in _main_line(self._stage):
             if isinstance(stage, Batch) and stage is self._stage:
+                if type(stage) is not Batch:  # continuous rows: one item of each of several readers
+                    return None
                 size = stage.size
             elif isinstance(stage, Read):
                 return size if stage.plan.errors == "raise" else None
@@ -347,6 +367,30 @@ class Dataset:
                 return stage.plan.epochs is not None and (uneven or stage.plan.errors != "raise")
             uneven |= not isinstance(stage, (Map, Batch, Tokenize))
         return uneven
+
+    # -- declarative configs ----------------------------------------------------------
+
+    def to_config(self) -> dict:
+        """This dataset's whole chain as plain, JSON-able data, for a JSON, YAML or TOML file
+        that :meth:`from_config` builds the same dataset from (see :mod:`tidal.config`).
+        Credentials are left out; functions are written by import path (a lambda cannot be).
+
+        >>> json.dump(ds.to_config(), open("pipeline.json", "w"))
+        """
+        from tidal import config
+
+        return config.describe(self)
+
+    @classmethod
+    def from_config(cls, config: Mapping | str | os.PathLike) -> Dataset:
+        """The dataset a config describes: a dict, or a ``.json``, ``.yaml`` or ``.toml`` file.
+        Every key is checked; an unknown one is a :class:`tidal.ConfigError` that names it.
+
+        >>> ds = tidal.Dataset.from_config("pipeline.yaml")
+        """
+        from tidal import config as schema
+
+        return schema.build(schema.load(config), cls, mix)
 
     def fingerprint(self) -> str:
         """A short digest of everything that decides the order; a saved state carries it."""
@@ -386,6 +430,11 @@ class Dataset:
         """Make the next ``iter()`` continue from ``state``."""
         self._resume = state or None
         self._last = None
+
+
+def _given(src: Source) -> str | list[str]:
+    """``src`` as the user gave it, as plain data (what ``to_config()`` writes)."""
+    return os.fspath(src) if isinstance(src, (str, os.PathLike)) else [os.fspath(s) for s in src]
 
 
 class _SetPlan:

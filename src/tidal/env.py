@@ -4,6 +4,8 @@
   ``torch.distributed`` is not initialized (see :mod:`tidal.world`).
 - ``TIDAL_CACHE_DIR``, else ``XDG_CACHE_HOME``: where tidal keeps shard indexes it cannot
   write beside the data, and the shard cache of remote datasets.
+- ``LOCAL_WORLD_SIZE`` (torchrun) and ``RAYON_NUM_THREADS``: how many threads each tokenizer
+  may use, so that ranks x DataLoader workers x tokenizer threads do not exceed the cores.
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ def ranks() -> tuple[int, int] | None:
     if not 0 <= r < n:
         raise TidalError(f"RANK={r} is outside WORLD_SIZE={n}")
     return r, n
+
+
+def share_tokenizer_threads(workers: int) -> None:
+    """Give the tokenizer of each of this machine's readers its share of the cores.
+
+    HF ``tokenizers`` runs a thread pool as large as the machine unless ``RAYON_NUM_THREADS``
+    says otherwise; with several DataLoader workers (and ranks) each running one, threads
+    outnumber cores and every one of them slows down. Set once, before the pool starts (its
+    first batch); a value the user set is kept.
+    """
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    readers = workers * (int(local) if local.isdigit() and int(local) > 0 else 1)
+    if readers > 1 and "RAYON_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, cores // readers))
 
 
 def cache_dir() -> Path:

@@ -8,6 +8,8 @@
     │                        disagree on their columns: never skipped by ``errors="skip"``
     ├── RecordError          one bad record: names the file and its line or row
     ├── StateError           a saved state that does not fit the dataset or loader
+    ├── ConfigError          a pipeline config that is malformed (names the key), or a dataset
+    │                        that cannot be written as one (a lambda, a tokenizer object...)
     └── StorageError         a remote read that failed for good, or a cache that cannot hold a
                              shard (also OSError); names the URL, never credentials
 
@@ -62,6 +64,11 @@ class RecordError(TidalError, ValueError):
 
 class StateError(TidalError, ValueError):
     """A saved state that does not describe this dataset or loader."""
+
+
+class ConfigError(TidalError, ValueError):
+    """A pipeline config (:mod:`tidal.config`) that is malformed, named by its key, or a dataset
+    that cannot be written as one."""
 
 
 class StorageError(TidalError, OSError):

@@ -39,11 +39,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from tidal.bundle import int32_ids, numeric, round_robin
+from tidal.bundle import int32_ids, numeric, round_robin, side_by_side, steps
 from tidal.dataset import Dataset
 from tidal.errors import TidalError
 from tidal.pool import Ahead, Pool, WorkerType
 from tidal.stages.batch import Batch
+from tidal.stages.continuous import shared_rows
 from tidal.state import keys as k
 from tidal.state import schema
 from tidal.world import World
@@ -255,8 +256,9 @@ class LoaderIterator(Iterator[dict]):
             worker_type=loader._worker_type,
             widen=int32_ids,
         )
-        made = _made(self._pool, loader._workers, local[k.NEXT_WORKER], loader._globalize)
-        self._source: Ahead[tuple[int, dict, int, dict]] | Generator[tuple[int, dict, int, dict]] = (
+        split = shared_rows(loader.dataset.stage, loader._workers)
+        made = _made(self._pool, loader._workers, local[k.NEXT_WORKER], loader._globalize, split)
+        self._source: Ahead[tuple[list, int, dict]] | Generator[tuple[list, int, dict]] = (
             Ahead(made, loader._prefetch, "tidal-jax-prefetch") if loader._prefetch else made
         )
 
@@ -264,7 +266,7 @@ class LoaderIterator(Iterator[dict]):
         if self._done:
             raise StopIteration
         try:
-            w, reader, tokens, batch = next(self._source)
+            parts, tokens, batch = next(self._source)
         except StopIteration:
             if self._together:
                 _every_process_has(False)  # the step the others are asking about
@@ -276,7 +278,8 @@ class LoaderIterator(Iterator[dict]):
         if self._together and not _every_process_has(True):
             self._end()  # another process ran out: this pass ends here for all
             raise StopIteration
-        schema.consume(self._loader._local, w, reader, tokens)
+        for i, (w, reader) in enumerate(parts):  # one part, or one of every worker (continuous rows)
+            schema.consume(self._loader._local, w, reader, tokens if i == 0 else 0, int(i == 0))
         return batch
 
     def _end(self) -> None:
@@ -292,13 +295,18 @@ class LoaderIterator(Iterator[dict]):
         self._pool.close()
 
 
-def _made(pool: Pool, workers: int, start: int, globalize: Any) -> Generator[tuple[int, dict, int, dict]]:
-    """``(worker, reader state after it, tokens, global batch)`` in round-robin order."""
-    for w, bundle, j in round_robin(pool.fetch, workers, start):
-        batch = bundle.item(j)
+def _made(
+    pool: Pool, workers: int, start: int, globalize: Any, split: bool = False
+) -> Generator[tuple[list, int, dict]]:
+    """``([(worker, reader state after it)], tokens, global batch)`` in round-robin order; with
+    ``split`` (continuous rows over several workers), each batch one of every worker's side by side."""
+    items = round_robin(pool.fetch, workers, start)
+    for group in steps(items, workers) if split else ([item] for item in items):
+        parts = [bundle.item(j) for _, bundle, j in group]
+        batch = side_by_side(parts, np.concatenate) if split else parts[0]
         ids = batch.get("input_ids") if isinstance(batch, dict) else None
         tokens = int(ids.size) if isinstance(ids, np.ndarray) else 0
-        yield w, bundle.states[j], tokens, globalize(batch)
+        yield [(w, bundle.states[j]) for w, bundle, j in group], tokens, globalize(batch)
 
 
 def _every_process_has(batch: bool) -> bool:

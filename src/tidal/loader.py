@@ -31,10 +31,11 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin
+from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
 from tidal.dataset import Dataset
 from tidal.errors import StateError
 from tidal.pool import Ahead
+from tidal.stages.continuous import shared_rows
 from tidal.state import keys as k
 from tidal.state import schema
 from tidal.world import World
@@ -227,9 +228,23 @@ class DataLoader(torch.utils.data.DataLoader):
         self._pass = 0
         self._origin: dict | None = None  # progress an elastic restore started from
         self._local = schema.fresh_rank(self._workers)  # this rank's readers: what the training loop consumed
-        self._undo: deque[tuple[int, dict | None, int, int]] = deque(maxlen=UNDO)  # how to step back a batch
+        self._undo: deque[tuple[int, dict | None, int, int, int]] = deque(maxlen=UNDO)  # how to step back a batch
+        self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
         self._pending: dict | None = None  # a loaded state, applied when iteration starts
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
+
+    @classmethod
+    def from_config(cls, config: Any, **kwargs: Any) -> DataLoader:
+        """A loader over the dataset a config describes (:meth:`tidal.Dataset.from_config`), with
+        the settings of its ``loader`` section (``num_workers``, ``pin_memory``, ``device``, ...);
+        ``kwargs`` override them.
+
+        >>> loader = tidal.DataLoader.from_config("pipeline.yaml", num_workers=8)
+        """
+        from tidal import config as schema
+
+        data = schema.load(config)
+        return cls(Dataset.from_config(data), **{**schema.loader_settings(data), **kwargs})
 
     def _first_epoch(self) -> int:
         return self._pass * self.tidal_dataset.epochs_per_pass()
@@ -249,10 +264,10 @@ class DataLoader(torch.utils.data.DataLoader):
             return self._pending
         ranks = World.ranks()
         local = schema.copy_rank(self._local)
-        held = list(self._undo)[::-1][: _held_by_lightning(self)]
-        for w, before, next_worker, tokens in held:
+        held = list(self._undo)[::-1][: _held_by_lightning(self) * (self._workers if self._split else 1)]
+        for w, before, next_worker, tokens, batches in held:
             local[k.WORKERS][w], local[k.NEXT_WORKER] = before, next_worker  # not trained on: not consumed
-            local[k.COUNTS][k.BATCHES] -= 1
+            local[k.COUNTS][k.BATCHES] -= batches
             local[k.COUNTS][k.TOKENS] -= tokens
         every: list[dict | None] = [None] * ranks.world_size
         if ranks.world_size > 1 and _distributed():
@@ -332,17 +347,27 @@ class DataLoader(torch.utils.data.DataLoader):
             Ahead(made, self._prefetch, "tidal-prefetch-to-device") if ahead else made
         )
         stopped = False
+        parts: list[Any] = []  # continuous rows over several workers: this step's part of each
         try:
             for w, reader, tokens, item, copied in source:
-                if together and not _every_rank_has(True):
-                    stopped = True  # another rank ran out: this pass ends here for all
-                    break
-                self._undo.append((w, state[k.WORKERS][w], state[k.NEXT_WORKER], tokens))
-                schema.consume(state, w, reader, tokens)
+                if self._split and w != len(parts):
+                    break  # a worker ended: no whole step is left (see tidal.bundle.steps)
+                batches = int(not self._split or w == n - 1)
+                self._undo.append((w, state[k.WORKERS][w], state[k.NEXT_WORKER], tokens, batches))
+                schema.consume(state, w, reader, tokens, batches)
                 if ahead:
-                    yield _arrived(item, copied, device)
+                    item = _arrived(item, copied, device)
                 else:
-                    yield item if device is None else _to_device(item, device, non_blocking)
+                    item = item if device is None else _to_device(item, device, non_blocking)
+                if self._split:
+                    parts.append(item)
+                    if len(parts) < n:
+                        continue
+                    item, parts = side_by_side(parts, torch.cat), []
+                if together and not _every_rank_has(True):
+                    stopped = True  # another rank ran out: this pass ends here for all (what this
+                    break  # one consumed of it does not count: a pass's end starts the next afresh)
+                yield item
         finally:
             if isinstance(source, Ahead):
                 source.close()

@@ -19,31 +19,44 @@ class World:
     """A frozen topology: ``rank`` of ``world_size`` processes, ``worker`` of ``num_workers``.
 
     ``num_workers`` is at least 1: a process with no DataLoader workers is its own worker 0.
+    ``lane`` of ``lanes``: one of the rows a reader streams side by side (continuous batch
+    rows, :mod:`tidal.stages.continuous`); each lane reads a share of its own, so the data is
+    split over ranks x workers x lanes. A reader that is not split into rows is its own lane 0.
     """
 
     rank: int = 0
     world_size: int = 1
     worker: int = 0
     num_workers: int = 1
+    lane: int = 0
+    lanes: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
         if not 0 <= self.worker < self.num_workers:
             raise ValueError(f"worker {self.worker} is outside {self.num_workers} workers")
+        if not 0 <= self.lane < self.lanes:
+            raise ValueError(f"lane {self.lane} is outside {self.lanes} lanes")
 
     @property
     def consumers(self) -> int:
-        """How many independent readers share the data: ranks times workers."""
-        return self.world_size * self.num_workers
+        """How many independent readers share the data: ranks times workers times lanes."""
+        return self.world_size * self.num_workers * self.lanes
 
     @property
     def consumer(self) -> int:
-        """This reader's index among all of them, rank-major."""
-        return self.rank * self.num_workers + self.worker
+        """This reader's index among all of them: rank-major, then worker, then lane."""
+        return (self.rank * self.num_workers + self.worker) * self.lanes + self.lane
 
     def with_worker(self, worker: int, num_workers: int) -> World:
         return World(self.rank, self.world_size, worker, max(1, num_workers))
+
+    def with_lane(self, lane: int, lanes: int) -> World:
+        """Lane ``lane`` of ``lanes`` of this reader (which must not be split into lanes already)."""
+        if self.lanes != 1:
+            raise ValueError(f"this reader is already split into {self.lanes} lanes")
+        return World(self.rank, self.world_size, self.worker, self.num_workers, lane, lanes)
 
     @staticmethod
     def ranks() -> World:

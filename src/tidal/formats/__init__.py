@@ -79,6 +79,7 @@ _MODULES = {
     "litdata": "tidal.formats.litdata",
     "mds": "tidal.formats.mds",
     "megatron": "tidal.formats.megatron",
+    "memory": "tidal.formats.memory",  # in-memory Arrow tables (a datasets.Dataset without files)
     "parquet": "tidal.formats.parquet",
     "text": "tidal.formats.text",
     "tokens": "tidal.formats.tokens",

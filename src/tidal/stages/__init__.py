@@ -16,6 +16,9 @@ call; a stage that buffers (packing) saves where its buffer began upstream and a
 into it, never the buffer. ``used()`` says how far into its share of each source the reader
 is (``{source key: [epoch, offset]}``), which is what a restore on another topology needs.
 ``exact`` is true when each item stands for exactly one source record, in order.
+
+``stage.to_config()`` writes the chain as plain data, each stage its own part
+(``config_step()``); :mod:`tidal.config` reads it back.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from tidal.errors import ConfigError
 from tidal.state.view import View
 from tidal.tables import Table
 from tidal.world import World
@@ -122,6 +126,11 @@ class Stage(ABC):
     def upstreams(self) -> tuple[Stage, ...]:
         return ()
 
+    def to_config(self) -> dict:
+        """The chain down from this stage as a pipeline config: ``{"source": ...}`` (or
+        ``{"mix": ...}``) and ``{"steps": [...]}``, plain data (see :mod:`tidal.config`)."""
+        raise ConfigError(f"{self.call()}: this stage cannot be written in a config")
+
     def __repr__(self) -> str:
         return self.call()
 
@@ -150,6 +159,16 @@ class Step(Stage):
 
     def upstreams(self) -> tuple[Stage, ...]:
         return (self.upstream,)
+
+    def to_config(self) -> dict:
+        config = self.upstream.to_config()
+        config["steps"].append(self.config_step())
+        return config
+
+    def config_step(self) -> dict:
+        """This step in a config: ``{"batch": {"size": 8, "drop_last": True}}``, the method of
+        :class:`tidal.Dataset` that makes it and its arguments."""
+        raise ConfigError(f"{self.call()}: this stage cannot be written in a config")
 
     def __repr__(self) -> str:
         return f"{self.upstream!r}.{self.call()}"

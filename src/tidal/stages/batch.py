@@ -23,6 +23,9 @@ class Batch(Step):
     def call(self) -> str:
         return f"batch({self.size}, drop_last={self.drop_last})"
 
+    def config_step(self) -> dict:
+        return {"batch": {"size": self.size, "drop_last": self.drop_last}}
+
 
 class BatchIterator(Stateless):
     """Groups records into batches of ``size``; each call returns one batch (a list of one dict)."""

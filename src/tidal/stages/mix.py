@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidal.errors import StateError, TidalError
+from tidal.errors import ConfigError, StateError, TidalError
 from tidal.order import rng
 from tidal.stages import Context, Stage, StageIterator, add_stats, walk
 from tidal.stages.batch import Batch
@@ -46,6 +46,10 @@ class Schedule:
     def __call__(self, k: int) -> Weights:
         raise NotImplementedError
 
+    def to_config(self) -> dict:
+        """This schedule in a pipeline config: ``{"linear": {"start": ..., "end": ..., "steps": n}}``."""
+        raise ConfigError(f"{self!r}: only tidal's schedules (Piecewise, Linear, Cosine) can be written in a config")
+
 
 @dataclass(frozen=True)
 class Piecewise(Schedule):
@@ -53,12 +57,18 @@ class Piecewise(Schedule):
 
     points: tuple[tuple[int, Weights], ...]
 
+    def __post_init__(self) -> None:  # a list of pairs, or pairs read from a config: one value, one repr
+        object.__setattr__(self, "points", tuple((start, weights) for start, weights in self.points))
+
     def __call__(self, k: int) -> Weights:
         current = self.points[0][1]
         for start, weights in self.points:
             if k >= start:
                 current = weights
         return current
+
+    def to_config(self) -> dict:
+        return {"piecewise": [[start, dict(weights)] for start, weights in self.points]}
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,9 @@ class Linear(Schedule):
         t = self._t(k)
         return {n: (1 - t) * self.start[n] + t * self.end[n] for n in self.start}
 
+    def to_config(self) -> dict:
+        return {type(self).__name__.lower(): {"start": dict(self.start), "end": dict(self.end), "steps": self.steps}}
+
 
 @dataclass(frozen=True)
 class Cosine(Linear):
@@ -83,6 +96,9 @@ class Cosine(Linear):
 
     def _t(self, k: int) -> float:
         return (1 - math.cos(math.pi * super()._t(k))) / 2
+
+
+SCHEDULES: dict[str, type[Schedule]] = {"piecewise": Piecewise, "linear": Linear, "cosine": Cosine}
 
 
 @dataclass(frozen=True, repr=False)
@@ -119,6 +135,18 @@ class Mix(Stage):
 
     def upstreams(self) -> tuple[Stage, ...]:
         return tuple(s for _, s in self.streams)
+
+    def to_config(self) -> dict:
+        names = [n for n, _ in self.streams]
+        out: dict[str, Any] = {"streams": {n: s.to_config() for n, s in self.streams}}
+        if isinstance(self.weights, Schedule):
+            out["weights"] = self.weights.to_config()
+        elif self.weights is not None:
+            out["weights"] = dict(zip(names, self.weights, strict=True))
+        else:  # choose, repeat and epoch_size all come to exact counts per mixture epoch
+            out["choose"] = dict(zip(names, self.counts or (), strict=True))
+        out.update(seed=self.seed, stop=self.stop)
+        return {"mix": out, "steps": []}
 
 
 def mix(

@@ -74,6 +74,20 @@ class Pack(Step):
             f"column={c.column!r}, eos={c.eos})"
         )
 
+    def config_step(self) -> dict:
+        c = self.config
+        args = {
+            "seq_len": c.seq_len,
+            "strategy": c.strategy,
+            "shift_labels": c.shift_labels,
+            "mask_boundaries": c.mask_boundaries,
+            "pad_id": c.pad_id,
+            "buffer_size": c.buffer_size,
+            "column": c.column,
+            "eos": c.eos,
+        }
+        return {"pack": {k: v for k, v in args.items() if v is not None}}
+
 
 def _doc_tokens(recs: list, cfg: PackConfig) -> list[np.ndarray]:
     """Each record's documents as an integer array, with ``cfg.eos`` appended when given."""

@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tidal.errors import FormatError, SchemaError, StateError, StorageError, TidalError
+from tidal.errors import ConfigError, FormatError, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Errors, Located, Piece, Reader, data_errors, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
 from tidal.stages import Context, Stage, StageIterator
+from tidal.stages.transform import reference
 from tidal.state import keys as k
 from tidal.state.view import View
-from tidal.storage.config import Storage
+from tidal.storage.config import Storage, public_source
 from tidal.storage.retry import redact_urls
 from tidal.tables import Table, concat, cut, take
 from tidal.world import World
@@ -55,6 +56,7 @@ class ReadPlan:
     epochs: int | None  # None: forever
     storage: Storage | None = None  # how to reach remote shards; None when every shard is local
     options: dict = field(default_factory=dict)  # format options (tidal.formats.OPTIONS)
+    given: dict = field(default_factory=dict, compare=False)  # src, format, follow_links as given: for to_config()
 
     @property
     def total(self) -> int:
@@ -93,6 +95,32 @@ class Read(Stage):
 
     def with_source(self, change: Callable[[Read], Read]) -> Stage:
         return change(self)
+
+    def to_config(self) -> dict:
+        p = self.plan
+        if not p.given:
+            raise ConfigError(f"{self.call()}: a source built by hand, not by tidal.Dataset(...), has no config")
+        src, removed = public_source(p.given["src"])
+        source = {
+            "src": src,
+            "columns": list(p.columns) if p.columns is not None else None,
+            "format": p.given["format"],
+            "errors": p.errors if isinstance(p.errors, str) else reference(p.errors, "errors="),
+            "format_options": dict(p.options),
+            "follow_links": p.given["follow_links"],
+        }
+        if p.storage is not None:
+            source.update(p.storage.to_config(s.path for s in p.shards))
+        if removed:  # credentials in the URL itself
+            source["storage_options_removed"] = ["src", *source.get("storage_options_removed", [])]
+        steps: list[dict] = []
+        if p.seed is not None:
+            steps.append(
+                {"shuffle": {"seed": p.seed, "block_size": p.block_size, "shards_per_block": p.shards_per_block}}
+            )
+        if p.epochs != 1:
+            steps.append({"repeat": {"epochs": p.epochs}})
+        return {"source": {k: v for k, v in source.items() if v is not None and v != {}}, "steps": steps}
 
 
 class _Policy:

@@ -7,12 +7,13 @@ thread pool; no offsets computed), so the cost per document is the tokenizer's o
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tidal.errors import TidalError
+from tidal import env
+from tidal.errors import ConfigError, TidalError
 from tidal.stages import Context, StageIterator, Stateless, Step, add_stats
 from tidal.state.view import View
 from tidal.tables import Table, records
@@ -27,6 +28,18 @@ class Tokenizer:
     backend: Any  # tokenizers.Tokenizer, or a transformers tokenizer without a fast backend
     eos_id: int | None
     dtype: np.dtype
+    path: str | None = field(default=None, compare=False)  # as given, when it was loaded from a path
+
+    def to_config(self) -> str | dict:
+        """The path it was loaded from, else its ``tokenizer.json`` as a string: ``{"json": ...}``."""
+        if self.path is not None:
+            return self.path
+        if hasattr(self.backend, "to_str"):
+            return {"json": self.backend.to_str()}
+        raise ConfigError(
+            f"a {type(self.backend).__name__} without a fast (tokenizers) backend cannot be written in a "
+            "config: pass tokenize() the path of its tokenizer.json"
+        )
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         if hasattr(self.backend, "encode_batch_fast"):
@@ -37,6 +50,11 @@ class Tokenizer:
 def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
     """Accept a path to ``tokenizer.json``, a ``tokenizers.Tokenizer`` or a ``transformers`` tokenizer."""
     hf_eos: int | None = None
+    given = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else None
+    if isinstance(tokenizer, dict) and set(tokenizer) == {"json"}:  # as to_config() writes one
+        from tokenizers import Tokenizer as Rust
+
+        tokenizer = Rust.from_str(tokenizer["json"])
     if isinstance(tokenizer, (str, os.PathLike)):
         from tokenizers import Tokenizer as Rust
 
@@ -55,7 +73,7 @@ def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
         raise TypeError(f"not a tokenizer: {type(tokenizer).__name__}")
     vocab = backend.get_vocab_size() if hasattr(backend, "get_vocab_size") else len(backend)  # type: ignore[arg-type]
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
-    return Tokenizer(backend, _eos_id(backend, eos, hf_eos), dtype)
+    return Tokenizer(backend, _eos_id(backend, eos, hf_eos), dtype, given)
 
 
 def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | None:
@@ -86,10 +104,18 @@ class Tokenize(Step):
     max_length: int | None = None
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
+        env.share_tokenizer_threads(ctx.world.num_workers)
         return TokenizeIterator(self.upstream.open(ctx, position), self.tokenizer, self.column, self.max_length)
 
     def facts(self) -> list:
         return [self.column, self.tokenizer.eos_id, str(self.tokenizer.dtype), self.max_length]
+
+    def config_step(self) -> dict:
+        t = self.tokenizer
+        args = {"tokenizer": t.to_config(), "column": self.column, "eos": t.eos_id if t.eos_id is not None else False}
+        if self.max_length is not None:
+            args["max_length"] = self.max_length
+        return {"tokenize": args}
 
     def call(self) -> str:
         backend = type(self.tokenizer.backend).__name__

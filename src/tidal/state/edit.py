@@ -53,6 +53,11 @@ def show(state: dict) -> str:
             f"{key or 'source'}: {total} records per epoch; in epoch {epoch}; "
             f"records used up in epochs in progress: {done}" + (f" ({partial})" if partial else "")
         )
+    rows = {
+        len(w[k.POSITION][k.ROWS]) for r in state[k.RANKS] if r for w in r[k.WORKERS] if w and k.ROWS in w[k.POSITION]
+    }
+    if rows:
+        lines.append(f"continuous rows: {max(rows) * workers} per batch, each a reader of its own")
     if state.get(k.PROGRESS) is None:
         lines.append("progress: unknown (this state covers one rank; merge the ranks' states)")
     if state.get(k.SKIPPED_BATCHES):
@@ -86,7 +91,9 @@ def skip(state: dict, batches: int) -> dict:
         for w, reader in enumerate(rank[k.WORKERS]):
             if reader and reader[k.USED]:
                 rate = _records_per_batch(reader)
-                reader[k.USED] = _advance(reader[k.USED], per_worker * rate, state, readers, r * workers + w)
+                # continuous rows: every batch is one of every worker's, side by side
+                count = batches if k.ROWS in reader[k.POSITION] else per_worker
+                reader[k.USED] = _advance(reader[k.USED], count * rate, state, readers, r * workers + w)
     out[k.MIX_DRAWS] = mix_draws(state)
     out[k.PROGRESS] = progress_of(out)
     out[k.RANKS] = [None] * world_size  # positions inside buffers no longer apply
@@ -172,19 +179,31 @@ def _records_per_batch(reader: dict) -> int:
 
 
 def _advance(used: dict, records: int, state: dict, readers: int, reader: int) -> dict:
-    """Move each source's [epoch, offset] on by ``records`` through its share, epoch by epoch."""
+    """Move each source's [epoch, offset] on by ``records`` through its share, epoch by epoch
+    (a reader of several lanes: each lane by its part, through the lane's own share)."""
     out = {}
-    for key, (epoch, offset) in used.items():
-        src = state[k.SOURCES][key]
-        origin = (state.get(k.ORIGIN) or {}).get(key) or {k.DONE: {}}
-        left = records
-        while True:
-            done = origin[k.DONE].get(str(epoch), [])
-            size = sum(b - a for a, b in share(src[k.RECORDS], done, readers, reader, drop_remainder=src[k.FINITE]))
-            step = min(left, size - offset)
-            offset, left = offset + step, left - step
-            if left == 0 or size == 0:
-                break
-            epoch, offset = epoch + 1, 0
-        out[key] = [epoch, offset]
+    for key, at in used.items():
+        lanes = len(at) // 2
+        out[key] = [
+            v
+            for lane in range(lanes)
+            for v in _advance_one(
+                state, key, at[2 * lane], at[2 * lane + 1], records // lanes, readers * lanes, reader * lanes + lane
+            )
+        ]
     return out
+
+
+def _advance_one(state: dict, key: str, epoch: int, offset: int, records: int, readers: int, reader: int) -> list:
+    src = state[k.SOURCES][key]
+    origin = (state.get(k.ORIGIN) or {}).get(key) or {k.DONE: {}}
+    left = records
+    while True:
+        done = origin[k.DONE].get(str(epoch), [])
+        size = sum(b - a for a, b in share(src[k.RECORDS], done, readers, reader, drop_remainder=src[k.FINITE]))
+        step = min(left, size - offset)
+        offset, left = offset + step, left - step
+        if left == 0 or size == 0:
+            break
+        epoch, offset = epoch + 1, 0
+    return [epoch, offset]

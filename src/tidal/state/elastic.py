@@ -5,6 +5,8 @@ positions (:func:`tidal.order.share`). A reader's state says how far into its sh
 (``used``: ``{source: [epoch, offset]}``). Gathered over all readers, these give, per
 source, which positions of the epochs in progress are used up: the ``progress``
 ``{source: {"epoch": first epoch in progress, "done": {epoch: [[start, stop], ...]}}}``.
+A reader that streams several rows side by side (``batch(n, continuous=True)``) is one
+reader per row here: its ``used`` holds each row's ``[epoch, offset]`` (:func:`lanes`).
 A loader on a different topology hands that to its readers as their *origin*: each takes an
 equal part of what is left of those epochs, then carries on with whole epochs as usual.
 Nothing left is dropped: the remainder a finite epoch leaves unread on the old topology is
@@ -33,6 +35,7 @@ def progress(sources: dict, used: list[dict | None], origin: dict | None, first_
     is indexed by reader (rank-major), so its length is the topology's reader count;
     ``origin`` is the progress these readers were restored from, if any.
     """
+    used = lanes(used)
     readers = len(used)
     out = {}
     for key, src in sources.items():
@@ -54,6 +57,26 @@ def progress(sources: dict, used: list[dict | None], origin: dict | None, first_
             if merged:
                 done[str(epoch)] = [list(iv) for iv in merged]
         out[key] = {k.EPOCH: first, k.DONE: done}
+    return out
+
+
+def lanes(used: list[dict | None]) -> list[dict | None]:
+    """Every lane's ``used`` as a reader's own: a reader that streams several rows side by side
+    (continuous batches) gives, per source, ``[epoch, offset]`` of each row one after the other,
+    and each row is a reader of the data (:meth:`tidal.world.World.with_lane`). A reader not
+    started yet stands for as many lanes as the others have."""
+    widths = {len(v) // 2 for c in used if c for v in c.values()}
+    if len(widths) > 1:
+        raise StateError(f"readers with different numbers of rows ({sorted(widths)}): not one run's state")
+    width = widths.pop() if widths else 1
+    if width == 1:
+        return used
+    out: list[dict | None] = []
+    for c in used:
+        if c is None:
+            out += [None] * width
+        else:
+            out += [{key: v[2 * i : 2 * i + 2] for key, v in c.items()} for i in range(width)]
     return out
 
 

@@ -29,7 +29,7 @@ TOKENS = "tokens"
 READER = "reader"  # [rank, ranks, worker, workers]
 POSITION = "position"  # the top stage's position at the start of the chunk being yielded
 WITHIN = "within"  # items of that chunk already yielded
-USED = "used"  # per source: [epoch, offset into this reader's share] used up
+USED = "used"  # per source: [epoch, offset into this reader's share] used up; per lane, one after the other
 ITEMS = "items"  # items yielded
 RECORDS = "records"  # source positions passed
 
@@ -46,6 +46,7 @@ ENDED = "ended"
 EMPTY = "empty"
 FRESH = "fresh"
 STREAMS = "streams"
+ROWS = "rows"  # continuous batch: each row's position (a row is a reader of its own: a lane)
 
 # -- progress (elastic restores) -------------------------------------------------------------
 DONE = "done"  # per epoch (a string): used-up intervals [[start, stop], ...]

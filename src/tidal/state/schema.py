@@ -38,13 +38,14 @@ def copy_rank(rank: dict) -> dict:
     return {k.NEXT_WORKER: rank[k.NEXT_WORKER], k.WORKERS: list(rank[k.WORKERS]), k.COUNTS: dict(rank[k.COUNTS])}
 
 
-def consume(rank: dict, worker: int, reader: dict, tokens: int) -> None:
+def consume(rank: dict, worker: int, reader: dict, tokens: int, batches: int = 1) -> None:
     """Update a rank state in place: the training loop consumed a batch of ``worker``, after
-    which that worker's reader state is ``reader``; ``tokens``: its ``input_ids`` count."""
+    which that worker's reader state is ``reader``; ``tokens``: its ``input_ids`` count.
+    ``batches=0``: a part of a batch made of one batch of every worker (continuous rows)."""
     rank[k.WORKERS][worker] = reader
     rank[k.NEXT_WORKER] = (worker + 1) % len(rank[k.WORKERS])
     counts = rank[k.COUNTS]
-    counts[k.BATCHES] += 1
+    counts[k.BATCHES] += batches
     counts[k.TOKENS] += tokens
 
 
@@ -105,6 +106,10 @@ def mix_draws(state: dict) -> dict[str, int]:
 def _mixtures(position: Any, key: str) -> Iterator[tuple[str, int]]:
     """(mixture key, draws) of every mixture in a reader's position."""
     while isinstance(position, dict):
+        if isinstance(position.get(k.ROWS), list):  # continuous rows: a mixture in every row
+            for row in position[k.ROWS]:
+                yield from _mixtures(row, key)
+            return
         if k.STREAMS in position:
             yield key + k.MIX, int(position[k.DRAWS])
             for name, inner in position[k.STREAMS].items():
@@ -199,7 +204,9 @@ def _check_rank(rank: View, r: int, ranks: int, workers: int) -> None:
         view.view(k.COUNTS).integer(k.RECORDS)
         used = view.view(k.USED)
         for key in used.data:
-            at = used.entries(key, length=2)
+            at = used.entries(key)
+            if not at or len(at) % 2:  # [epoch, offset] per lane (continuous rows: several)
+                raise StateError(f"{used.where(key)}: expected 2 entries ([epoch, offset]) per row, found {len(at)}")
             for i, v in enumerate(at):
                 if type(v) is not int or v < 0:
                     raise StateError(f"{used.where(key)}[{i}]: expected a non-negative integer, found {v!r}")

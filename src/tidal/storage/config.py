@@ -11,7 +11,7 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +109,76 @@ class Storage:
         key = hashlib.sha1(url_root(urls).encode()).hexdigest()[:16]
         return replace(self, cache_dir=str(default_cache_dir() / "shards" / key))
 
+    def to_config(self, files: Iterable[str]) -> dict:
+        """These settings as plain data for a pipeline config (:mod:`tidal.config`): the options
+        without credentials (``storage_options_removed`` names what was left out), the cache, and
+        whatever else differs from the defaults. ``files``: the dataset's, for its default cache."""
+        options, removed = public_options(self.options)
+        default = Storage()
+        out: dict[str, Any] = {"storage_options": options}
+        if self.cache_dir != replace(self, cache_dir=None).for_files(files).cache_dir:
+            out["cache_dir"] = self.cache_dir
+        if self.cache_limit != default.cache_limit:
+            out["cache_limit"] = self.cache_limit
+        names = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend")
+        settings: dict[str, Any] = {n: getattr(self, n) for n in names if getattr(self, n) != getattr(default, n)}
+        if self.retry != default.retry:
+            settings["retry"] = asdict(self.retry)
+        if settings:
+            out["storage"] = settings
+        if removed:
+            out["storage_options_removed"] = removed
+        return out
+
     def __repr__(self) -> str:  # options may hold credentials: name the keys only
         keys = ", ".join(sorted(self.options))
         return (
             f"Storage(options=<{keys or 'none'}>, cache_dir={self.cache_dir!r}, cache_limit={self.cache_limit}, "
             f"timeout={self.timeout}, retry={self.retry}, prefetch={self.prefetch})"
         )
+
+
+_SECRET = re.compile(
+    r"(?i)^(key|secret|token|password|passwd|authorization|cookie|credentials?|sas|profile_secret)$"
+    r"|secret|password|token|access_key|account_key|private_key|api_key|credential|connection_string"
+)
+
+
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")  # user:password@ in a URL
+_QUERY = re.compile(r"^(https?://[^?]+)\?.*$")  # a signed URL's query string
+
+
+def public_source(src: str | list[str]) -> tuple[str | list[str], bool]:
+    """``src`` without the credentials a URL may carry (``user:password@``, a signed URL's query
+    string), and whether there were any."""
+    if isinstance(src, list):
+        clean = [_QUERY.sub(r"\1", _USERINFO.sub("", s)) for s in src]
+        return clean, clean != src
+    one = _QUERY.sub(r"\1", _USERINFO.sub("", src))
+    return one, one != src
+
+
+def public_options(options: dict[str, Any], at: str = "") -> tuple[dict[str, Any], list[str]]:
+    """``options`` without credentials (``key``, ``secret``, ``token``, ``password``, the
+    ``aws_secret_access_key`` of ``client_kwargs``, ``Authorization`` headers...) and without
+    values that are not plain data, and the dotted names of what was left out."""
+    kept: dict[str, Any] = {}
+    removed: list[str] = []
+    for name, value in options.items():
+        where = f"{at}{name}"
+        if _SECRET.search(str(name)):
+            removed.append(where)
+        elif isinstance(value, dict):
+            kept[name], inner = public_options(value, where + ".")
+            removed += inner
+        elif _plain(value):
+            kept[name] = value
+        else:
+            removed.append(where)
+    return kept, removed
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    return isinstance(value, (list, tuple)) and all(_plain(v) for v in value)

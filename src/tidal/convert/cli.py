@@ -1,0 +1,67 @@
+"""The arguments of ``tidal convert`` and what it prints."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tidal.convert import TARGETS, convert
+
+
+def add_arguments(p: Any) -> None:
+    """The arguments of ``tidal convert``."""
+    p.add_argument("src", help="what to convert: a file, directory, glob or URL, as tidal.Dataset reads it")
+    p.add_argument("dst", help="the output directory (local or a URL); run again to finish an interrupted conversion")
+    p.add_argument(
+        "--to",
+        choices=TARGETS,
+        default=None,
+        help="output format: parquet (the records) or tokens (tidal token shards); default tokens with --tokenize, else parquet",
+    )
+    p.add_argument("--columns", default=None, help="comma-separated columns to keep (default: all)")
+    p.add_argument(
+        "--tokenize",
+        metavar="TOKENIZER",
+        default=None,
+        help="tokenizer.json (or its directory) to tokenize --column with",
+    )
+    p.add_argument(
+        "--column",
+        default=None,
+        help="the text column to tokenize (default text); with --to tokens and no --tokenize, the column of token ids (default input_ids)",
+    )
+    p.add_argument("--shard-size", default="256MB", help="about how large each output shard is (default 256MB)")
+    p.add_argument(
+        "--workers", type=int, default=1, help="processes (local) or Ray tasks at once (ray; 1: as many as Ray runs)"
+    )
+    p.add_argument("--engine", choices=("local", "ray"), default="local", help="local processes (default) or Ray tasks")
+    p.add_argument(
+        "--ray-address", default=None, help="the Ray cluster to run on (ray.init(address=...)); default a local Ray"
+    )
+    p.add_argument("--format", default=None, help="the source's format, where its file endings do not tell")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar on stderr (default: when stderr is a terminal; tqdm draws it: pip install 'tidal[cli]')",
+    )
+
+
+def run_cli(args: Any) -> int:
+    """``tidal convert``: convert, then print what was written."""
+    report = convert(
+        args.src,
+        args.dst,
+        to=args.to or ("tokens" if args.tokenize else "parquet"),
+        columns=[c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None,
+        tokenizer=args.tokenize,
+        column=args.column,
+        shard_size=args.shard_size,
+        workers=args.workers,
+        engine=args.engine,
+        ray_address=args.ray_address,
+        progress=args.progress,
+        format=args.format,
+    )
+    print(report)
+    return 0

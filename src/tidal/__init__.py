@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tidal.dataset import Dataset, mix
-from tidal.errors import ConfigError, FormatError, RecordError, SourceError, StateError, StorageError, TidalError
+from tidal.errors import (
+    ConfigError,
+    FormatError,
+    RecordError,
+    SchemaError,
+    SourceError,
+    StateError,
+    StorageError,
+    TidalError,
+)
 from tidal.shards import Shard
 from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
@@ -28,6 +37,7 @@ __all__ = [
     "Linear",
     "Piecewise",
     "RecordError",
+    "SchemaError",
     "Shard",
     "SourceError",
     "StateError",

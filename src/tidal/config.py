@@ -8,7 +8,8 @@ it). ``tidal.DataLoader.from_config(config)`` also reads the ``loader`` section.
     source:                          # the files: tidal.Dataset(...)'s arguments
       src: data/web                  # a path, directory, glob, URL or a list, as given
       columns: [text]
-      format: jsonl                  # also errors, format_options, follow_links
+      format: jsonl                  # also errors ("raise", "skip" or a function's import path),
+                                     # format_options, follow_links
       storage_options: {endpoint_url: "https://minio.internal:9000"}
       cache_dir: /nvme/tidal-cache   # and cache_limit; storage: {timeout, prefetch, retry: {...}, ...}
     steps:                           # the chained calls, in order: {method: {argument: value}}
@@ -246,6 +247,11 @@ def _source(section: _Section, dataset: type[Dataset]) -> Dataset:
     source = _Section(section.mapping("source"), section.where("source"))
     source.keys(SOURCE, ("src",))
     args = {k: v for k, v in source.data.items() if v is not None and k != "storage_options_removed"}
+    if isinstance(args.get("errors"), str) and args["errors"] not in ("raise", "skip"):
+        try:  # an errors= function, by import path as map's and filter's
+            args["errors"] = resolve(args["errors"])
+        except ConfigError as exc:
+            raise ConfigError(f"{source.where('errors')}: 'raise', 'skip' or {exc}") from None
     src = args["src"]
     if not (isinstance(src, str) or (isinstance(src, list) and src and all(isinstance(s, str) for s in src))):
         raise ConfigError(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tidal.formats import Errors, check_options
+from tidal.formats import Errors, check_columns, check_errors, check_options
 from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, index, listing
@@ -50,7 +50,35 @@ class Dataset:
     ``format_options`` go to the readers: ``allow_pickle`` (MDS and LitData ``pkl`` columns,
     refused by default: unpickling runs code from the data), ``decode_images`` (MDS image
     columns as PIL images), ``dtype`` (headerless token ``.bin`` files; default uint16).
-    ``errors="skip"`` drops malformed records and counts them instead of raising.
+
+    ``errors`` is what happens to bad data: a malformed record, a file that is truncated or
+    corrupt (every compressed byte is checked: gzip and bz2 CRCs, zstd frames and
+    checksums, Parquet page CRCs where written).
+
+    - ``"raise"`` (default): a :class:`tidal.RecordError` naming the file and line or row,
+      or a :class:`tidal.FormatError` naming the file and, where known, the byte offset.
+    - ``"skip"``: drop it and go on; each file with bad data is logged once (logger
+      ``tidal``) and ``iterator.stats()`` counts ``skipped`` records and ``bad_files``.
+      A file that cannot be indexed (say, a truncated ``.jsonl.zst``) is skipped whole:
+      it counts no records, since records before the damage cannot be checked (the CRC or
+      checksum comes at the end); a file damaged past its index (a Parquet row group, an
+      Arrow batch, a CSV segment) loses that part; a bad record only itself.
+    - a function ``fn(error)``, given each such error (a ``RecordError``, or a
+      ``FormatError`` for a file or part of one): return to skip it (counted as with
+      ``"skip"``, not logged: the function logs if it wants to), raise to stop. Define it
+      at module level so that the dataset pickles into DataLoader workers::
+
+          def skip_records_not_files(error):
+              if isinstance(error, tidal.FormatError):
+                  raise error                     # a damaged file: stop and fix the data
+              # a bad record: returning skips it
+
+    No policy skips a ``columns=`` name the data does not have (a
+    :class:`tidal.SchemaError`, raised at once where the files have a schema, else at the
+    first block with no record holding it), a dataset none of whose files can be read,
+    or a reader that skipped every record of an epoch: each is an error, not an endless
+    stream of nothing.
+
     Symbolic links under a directory or glob are read where they point inside it; one that
     leads outside is an error naming it, unless ``follow_links=True``.
     """
@@ -82,8 +110,7 @@ class Dataset:
         >>> tidal.Dataset("s3://bucket/web/*.parquet", columns=["text"], cache_limit="20GB")
         """
         options = check_options(format or "", format_options)
-        if errors not in ("raise", "skip"):
-            raise ValueError(f"errors must be 'raise' or 'skip', not {errors!r}")
+        errors = check_errors(errors)
         if isinstance(columns, str):
             columns = [columns]
         settings = storage or Storage()
@@ -98,6 +125,7 @@ class Dataset:
             found = listing(src, settings, follow_links)
             settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
             shards = tuple(index(list(found), fmt, errors, settings, found))
+        check_columns(shards, columns)
         plan = ReadPlan(
             shards=shards,
             columns=tuple(columns) if columns is not None else None,

@@ -2,7 +2,10 @@
 
     TidalError
     ├── SourceError          a path, glob or URL that names no data (also FileNotFoundError)
-    ├── FormatError          no reader for a file, or a format that cannot be used as asked
+    ├── FormatError          no reader for a file, a file that is truncated or corrupt (names it,
+    │   │                    and the byte offset or row where known), or a format used wrongly
+    │   └── SchemaError      ``columns=`` names a column the data does not have, or shards
+    │                        disagree on their columns: never skipped by ``errors="skip"``
     ├── RecordError          one bad record: names the file and its line or row
     ├── StateError           a saved state that does not fit the dataset or loader
     ├── ConfigError          a pipeline config that is malformed (names the key), or a dataset
@@ -11,7 +14,9 @@
                              shard (also OSError); names the URL, never credentials
 
 Every error that points at data says which file and, where there is one, which line or
-row. Context is added with ``add_note`` as an error travels up the stages.
+row. Context is added with ``add_note`` as an error travels up the stages. No exception of a
+dependency (a codec, pyarrow, orjson, tarfile, numpy) leaves tidal raw: each is wrapped in
+one of these, naming the file, with the original as ``__cause__`` where it helps debugging.
 """
 
 from __future__ import annotations
@@ -29,17 +34,32 @@ class FormatError(TidalError, ValueError):
     """A file whose format tidal cannot read as asked."""
 
 
+class SchemaError(FormatError):
+    """A column asked for (``columns=``) that the data does not have, or shards whose columns
+    disagree. ``errors="skip"`` is for bad records, so this is raised under every policy."""
+
+
 class RecordError(TidalError, ValueError):
     """A malformed record; ``path`` and ``line`` (1-based) or ``row`` (0-based) say where.
 
+    ``column`` is set when the record is well formed but lacks that column (asked for with
+    ``columns=``): a reader that sees no record with it raises a :class:`SchemaError`.
     Built from a message alone (as torch does when re-raising a worker's error in the
     main process), the message is kept as it is.
     """
 
-    def __init__(self, message: str, *, path: str = "", line: int | None = None, row: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str = "",
+        line: int | None = None,
+        row: int | None = None,
+        column: str | None = None,
+    ):
         where = f"{path}, line {line}" if line is not None else f"{path}, row {row}" if row is not None else path
         super().__init__(f"{where}: {message}" if where else message)
-        self.path, self.line, self.row = path, line, row
+        self.path, self.line, self.row, self.column = path, line, row, column
 
 
 class StateError(TidalError, ValueError):

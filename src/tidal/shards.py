@@ -13,6 +13,13 @@ the object's size and ETag (or modification time) are unchanged. A ``.tidal-inde
 published at the root URL seeds it. Line files are counted from a copy fetched into the
 shard cache, which also gives their SHA-256 for the index; large Parquet files need only
 their footer, read by a range request.
+
+A file whose scan fails (truncated, corrupt, not of its format) is an entry with an
+``"error"``: under ``errors="raise"`` building the dataset raises it; under ``"skip"`` (or
+a function that returns) the file counts 0 records, is logged (logger ``tidal``, under
+``"skip"``) and keeps its error on its :class:`Shard`, where ``stats()`` and ``tidal
+inspect`` find it. The index never counts records that cannot be read back. A dataset none
+of whose files can be read is an error under every policy.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import glob
 import hashlib
 import inspect
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -32,14 +40,17 @@ from typing import Any
 
 from tidal import env
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
-from tidal.formats import Errors, check_schemas, detect, known_ending, module
+from tidal.formats import Errors, bad, check_schemas, data_errors, detect, known_ending, module
 from tidal.storage.cache import mkdirs
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
+from tidal.storage.retry import redact_urls
 from tidal.storage.urls import local_path, protocol, url_root
 
 INDEX_NAME = ".tidal-index.json"
 _INDEX_VERSION = 1
+
+log = logging.getLogger("tidal")
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class Shard:
     info: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     version: str | None = field(default=None, compare=False, repr=False)  # a remote file's ETag or mtime
     hash: str | None = field(default=None, compare=False, repr=False)  # "sha256:<hex>": checked on download
+    error: str | None = field(default=None, compare=False, repr=False)  # why its scan failed (then rows == 0)
 
 
 def resolve(src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None) -> list[str]:
@@ -252,16 +264,34 @@ def _index_local(files: list[str], format: str | None, errors: Errors, progress:
 
 def _shards(files: list[str], entries: dict, root: str, format: str | None, errors: Errors) -> list[Shard]:
     shards = []
+    failed: list[str] = []
     for f in files:
         e = entries[_key(f, root, format)]
-        if "error" in e:
-            if errors == "raise":
-                raise FormatError(e["error"])
+        error = e.get("error")
+        if error is not None:
+            bad(errors, FormatError(error))  # raises, unless the policy skips the file
+            if errors == "skip":  # a function is the user's handler: it logs if it wants to
+                log.warning("skipping a file that cannot be read (its records are not in the dataset): %s", error)
+            failed.append(error)
             e = {**e, "rows": 0}
         info = e.get("info", {})
         shards.append(
-            Shard(f, e["rows"], e["bytes"], e["format"], e.get("compression"), info, e.get("version"), e.get("hash"))
+            Shard(
+                f,
+                e["rows"],
+                e["bytes"],
+                e["format"],
+                e.get("compression"),
+                info,
+                e.get("version"),
+                e.get("hash"),
+                error,
+            )
         )
+    if failed and len(failed) == len(files):
+        more = f" (and {len(failed) - 1} more files)" if len(failed) > 1 else ""
+        hint = f"; is format={format!r} right?" if format is not None else ""
+        raise FormatError(f"no file of the dataset can be read: {failed[0]}{more}{hint}")
     check_schemas(shards)
     return shards
 
@@ -339,11 +369,12 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
                 info = _scan_file(name, url, compression, str(handle.path))
                 entry["hash"] = handle.digest
     except FormatError as exc:
-        return {**entry, "format": format or "?", "error": str(exc)}
+        return {"format": format or "?", **entry, "error": redact_urls(str(exc))}
     except StorageError:
         raise
-    except (OSError, EOFError, ValueError) as exc:  # truncated gzip, bad zstd frame, ...
-        return {**entry, "format": format or "?", "error": f"{url}: unreadable: {exc}"}
+    except data_errors() as exc:  # what a format module let through: still named, never raw
+        error = f"{url}: unreadable ({type(exc).__name__}): {exc}"
+        return {"format": format or "?", **entry, "error": redact_urls(error)}
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info
@@ -379,9 +410,9 @@ def _scan(path: str, format: str | None, st: os.stat_result) -> dict:
         entry.update(format=name, compression=compression)
         info = module(name).scan(path, compression)
     except FormatError as exc:
-        return {**entry, "format": format or "?", "error": str(exc)}
-    except (OSError, EOFError, ValueError) as exc:  # truncated gzip, bad zstd frame, ...
-        return {**entry, "format": format or "?", "error": f"{path}: unreadable: {exc}"}
+        return {"format": format or "?", **entry, "error": str(exc)}
+    except data_errors() as exc:  # what a format module let through: still named, never raw
+        return {"format": format or "?", **entry, "error": f"{path}: unreadable ({type(exc).__name__}): {exc}"}
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info

@@ -15,6 +15,8 @@ from typing import Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 
+from tidal.errors import RecordError
+
 
 class Columns(dict):
     """Records as numpy arrays of one length along their first axis: ``{"input_ids": (n, L), ...}``."""
@@ -68,11 +70,21 @@ def concat(tables: list[Table]) -> Table:
 
 
 def records(table: Table) -> list[Any]:
-    if isinstance(table, pa.Table):
-        return table.to_pylist()
     if isinstance(table, Columns):
         return [table.row(i) for i in range(len(table))]
-    return table
+    if not isinstance(table, pa.Table):
+        return table
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(exc) from None
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> RecordError:
+    """A string column of bytes that are not UTF-8, found only when converted to Python: the
+    format readers validate what they read, so this is data from elsewhere (a table built by
+    hand, a Hugging Face dataset), whose file is not known here."""
+    return RecordError(f"a string column holds bytes that are not UTF-8: {exc}")
 
 
 def keep(table: Table, mask: list[bool]) -> Table:
@@ -89,7 +101,10 @@ def columns(table: Table) -> dict[str, Any]:
     if isinstance(table, Columns):
         return dict(table)
     if isinstance(table, pa.Table):
-        return {name: _arrow_column(table.column(name)) for name in table.column_names}
+        try:
+            return {name: _arrow_column(table.column(name)) for name in table.column_names}
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(exc) from None
     if not table:
         return {}
     first = table[0]

@@ -103,7 +103,16 @@ def columns(text: str | None) -> list[str] | None:
     return [c.strip() for c in text.split(",") if c.strip()] if text else None
 
 
-def open_dataset(args: argparse.Namespace) -> Dataset:
+def listed(error: Exception) -> None:
+    """An ``errors=`` policy for commands that show data: a file that cannot be read is counted
+    and shown as unreadable (``Shard.error``), not fatal; a bad record is still an error."""
+    from tidal.errors import RecordError
+
+    if isinstance(error, RecordError):
+        raise error
+
+
+def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
     """The dataset the arguments name: ``--config``, else URL with the options given.
 
     With progress bars on, the files are indexed first under a bar (the dataset then finds
@@ -121,7 +130,7 @@ def open_dataset(args: argparse.Namespace) -> Dataset:
     kwargs: dict[str, Any] = {"storage_options": options or None, "cache_dir": args.cache_dir}
     if progress_on(args):
         _index_with_bar(args.url, args.format, options, args.cache_dir)
-    return Dataset(args.url, columns(args.columns), args.format, **kwargs)
+    return Dataset(args.url, columns(args.columns), args.format, errors, **kwargs)
 
 
 def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str | None) -> None:

@@ -14,7 +14,7 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from tidal.commands import add_source, open_dataset, size
+from tidal.commands import add_source, listed, open_dataset, size
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
@@ -41,15 +41,20 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.samples < 0 or args.limit < 0:
         raise ValueError("--samples and --limit cannot be negative")
-    ds = open_dataset(args)
+    ds = open_dataset(args, errors=listed if args.config is None else "raise")
     if args.config is not None:
         return _pipeline(ds, args)
     shards = ds.shards
     total = sum(s.bytes for s in shards)
-    print(f"{len(shards)} shard{'s' * (len(shards) != 1)}, {ds.num_records:,} records, {size(total)} in {args.url}")
+    bad = [s for s in shards if s.error is not None]
+    unreadable = f", {len(bad)} unreadable (not counted)" if bad else ""
+    print(
+        f"{len(shards)} shard{'s' * (len(shards) != 1)}, {ds.num_records:,} records, {size(total)} in {args.url}"
+        + unreadable
+    )
     kinds = Counter(_kind(s) for s in shards)
     print("format: " + ", ".join(f"{kind} ({n} shard{'s' * (n > 1)})" for kind, n in kinds.most_common()))
-    first = next((s for s in shards if s.rows), None)
+    first = next((s for s in shards if s.rows and s.error is None), None)
     if first is not None:
         table = _first_table(ds, max(args.samples, 64))
         print(f"columns (of the first records, in {os.path.basename(first.path)}):")
@@ -62,10 +67,15 @@ def run(args: argparse.Namespace) -> int:
     print("shards:")
     print(f"  {'records':>12}  {'bytes':>9}  format          path")
     for s in shards[: args.limit]:
-        print(f"  {s.rows:>12,}  {size(s.bytes):>9}  {_kind(s):<14}  {s.path}")
+        rows = "unreadable" if s.error is not None else f"{s.rows:,}"
+        print(f"  {rows:>12}  {size(s.bytes):>9}  {_kind(s):<14}  {s.path}")
     if len(shards) > args.limit:
         print(f"  ... {len(shards) - args.limit} more (--limit)")
-    return 0
+    for s in bad[: args.limit]:
+        print(f"unreadable: {s.error}")
+    if len(bad) > args.limit:
+        print(f"unreadable: ... {len(bad) - args.limit} more")
+    return 1 if bad else 0
 
 
 def _pipeline(ds: Dataset, args: argparse.Namespace) -> int:

@@ -31,7 +31,18 @@ cannot tell:
 same for a local file and a remote one; only ``exists`` differs (a listing can answer it).
 
 **Schemas**: a scan may record ``columns`` (name to type); :func:`check_schemas` then refuses
-shards of one format that disagree, naming the file.
+shards of one format that disagree, naming the file. A module that knows its records'
+columns from the scan has ``columns(info) -> list[str] | None``; :func:`check_columns`
+refuses a ``columns=`` name a file does not have before anything is read.
+
+**Bad data** is handled in one way by every module: a reader builds the
+:class:`~tidal.errors.RecordError` (or :class:`~tidal.errors.FormatError` for a part of a
+file: a row group, a segment) that names the file and the row, line or byte, and hands it
+to :func:`bad` with its ``errors`` policy, which raises it or returns, and then the reader
+marks the rows skipped in ``Piece.valid``. No exception of a dependency leaves a module
+raw; :data:`data_errors` lists those that mean "these bytes are not what they should be",
+which the index scan and the source stage turn into a FormatError naming the file if a
+module let one through.
 
 **Options** (``open(..., options=)``) are the few switches a user may flip, one flat dict
 checked against ``OPTIONS`` (an unknown key is an error, never ignored): see each format.
@@ -41,6 +52,7 @@ Adding a format is one module and one line in ``_MODULES`` and ``_ENDINGS``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -50,10 +62,12 @@ from typing import IO, Any, Literal, Protocol
 
 import numpy as np
 
-from tidal.errors import FormatError
+from tidal.errors import FormatError, SchemaError, TidalError
 from tidal.tables import Table
 
-Errors = Literal["raise", "skip"]
+Errors = Literal["raise", "skip"] | Callable[[TidalError], object]
+"""The bad-data policy: raise, skip (and count), or a function that is given each error and
+returns to skip it or raises to stop (see :class:`tidal.Dataset`)."""
 
 Options = Mapping[str, Any]
 
@@ -196,10 +210,80 @@ def check_schemas(shards: Sequence[Any]) -> None:
             continue
         path, seen = first.setdefault(shard.format, (shard.path, columns))
         if seen != columns:
-            raise FormatError(
+            raise SchemaError(
                 f"{shard.path}: columns {columns} differ from {seen} of {path}; "
                 "read them as separate datasets (and tidal.mix them)"
             )
+
+
+def check_columns(shards: Sequence[Any], columns: Sequence[str] | None) -> None:
+    """Every name in ``columns`` must be a column of every shard whose scan knows its columns:
+    a typo fails here, naming the file and the columns it has, not as a skipped record per row."""
+    if columns is None:
+        return
+    for shard in shards:
+        if getattr(shard, "error", None) is not None:
+            continue
+        known = getattr(module(shard.format), "columns", None)
+        names = known(shard.info) if known is not None else None
+        if names is None:
+            continue
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise SchemaError(f"{shard.path}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'})")
+
+
+def check_errors(errors: Any) -> Errors:
+    """``errors`` if it is a policy: ``"raise"``, ``"skip"`` or a callable."""
+    if errors in ("raise", "skip") or callable(errors):
+        return errors
+    raise ValueError(f"errors must be 'raise', 'skip' or a function, not {errors!r}")
+
+
+def bad(errors: Errors, error: TidalError) -> None:
+    """Apply the policy to one bad record or part of a file: raise ``error``, or return so
+    the caller skips what it names."""
+    if errors == "skip":
+        return
+    if errors == "raise" or not callable(errors):
+        raise error
+    errors(error)
+
+
+@functools.cache
+def _data_errors() -> tuple[type[Exception], ...]:
+    import decimal
+    import pickle
+    import struct
+    import tarfile
+    import tokenize
+    import zlib
+
+    import pyarrow as pa
+    import zstandard
+
+    return (
+        OSError,
+        EOFError,
+        ValueError,  # also UnicodeDecodeError, orjson's JSONDecodeError, pyarrow's ArrowInvalid
+        LookupError,  # KeyError, IndexError: a header or config that does not hold what it must
+        TypeError,
+        OverflowError,
+        zlib.error,
+        struct.error,
+        tarfile.TarError,
+        pickle.UnpicklingError,
+        decimal.InvalidOperation,
+        pa.ArrowException,
+        zstandard.ZstdError,
+        SyntaxError,  # numpy parses a .npy header with ast (and tokenize, for old headers)
+        tokenize.TokenError,
+    )
+
+
+def data_errors() -> tuple[type[Exception], ...]:
+    """The exceptions of Python and the dependencies that bad bytes cause (import is lazy)."""
+    return _data_errors()
 
 
 def check_options(name: str, options: Options | None) -> Options:

@@ -11,6 +11,11 @@ are read from the start instead: correct, just not cheap to open late.
 
 The index keeps each batch's row count (and, for streams, offset), so rows map to batches
 without opening the file.
+
+Arrow IPC has no checksums. Each record batch read is validated whole (buffers, offsets, UTF-8
+of strings), so a damaged one is a :class:`~tidal.errors.RecordError` naming the file and the
+batch's first row (its rows skipped under ``errors="skip"``), never a crash or garbage. A
+stream cut at a message boundary reads as a shorter stream: the format cannot tell.
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tidal.errors import FormatError, StorageError
-from tidal.formats import Errors, Options, Piece, source
+from tidal.errors import FormatError, RecordError, SchemaError, StorageError
+from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 from tidal.formats.binary import open_stream
 
 NAME = "arrow"
-__all__ = ["NAME", "open", "scan"]
+__all__ = ["NAME", "columns", "open", "scan"]
 
 FILE_MAGIC = b"ARROW1"
 
@@ -48,22 +53,26 @@ def scan(path: str, compression: str | None, file: Any = None) -> dict:
         raise FormatError(f"{path}: Arrow IPC compresses inside the file; a {compression} wrapper is not supported")
     try:
         if _is_file(path, src):
-            with pa.memory_map(src) if isinstance(src, str) else open_stream(path, src) as f:
+            with _native(path, src) as f:
                 reader = pa.ipc.open_file(f)
                 batches = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
                 schema = reader.schema
             return {"rows": sum(batches), "batches": batches, "kind": "file", "columns": _columns(schema)}
         return _scan_stream(path, src)
-    except StorageError:
+    except (FormatError, StorageError):
         raise
-    except (pa.ArrowException, OSError) as exc:
+    except data_errors() as exc:
         raise _arrow_error(path, exc) from None
+
+
+def columns(info: dict) -> list[str]:
+    return list(info["columns"])
 
 
 def _scan_stream(path: str, src: Any) -> dict:
     offsets: list[int] = []
     dictionaries = False
-    with open_stream(path, src) as f:
+    with _native(path, src) as f:
         messages = pa.ipc.MessageReader.open_stream(f)
         try:
             first = messages.read_next_message()
@@ -80,7 +89,7 @@ def _scan_stream(path: str, src: Any) -> dict:
             dictionaries |= msg.type == "dictionary"
             if msg.type == "record batch":
                 offsets.append(at)
-    with open_stream(path, src) as f:  # rows per batch: the reader that resolves dictionaries
+    with _native(path, src) as f:  # rows per batch: the reader that resolves dictionaries
         reader = pa.ipc.open_stream(f)
         batches = [b.num_rows for b in reader]
         schema = reader.schema
@@ -88,6 +97,12 @@ def _scan_stream(path: str, src: Any) -> dict:
     if not dictionaries:
         info["offsets"] = offsets
     return info
+
+
+def _native(path: str, src: Any) -> Any:
+    """A local file memory-mapped, so that a damaged length reads past its end as an Arrow
+    error (read through Python, it would ask for that many bytes: a MemoryError)."""
+    return pa.memory_map(src) if isinstance(src, str) else open_stream(path, src)
 
 
 def _columns(schema: pa.Schema) -> dict[str, str]:
@@ -104,28 +119,47 @@ class ArrowReader:
         self._file: Any = None
         try:
             if self._kind == "file":
-                self._file = pa.memory_map(self._src) if isinstance(self._src, str) else open_stream(path, self._src)
+                self._file = _native(path, self._src)
                 self._reader = pa.ipc.open_file(self._file)
                 self._schema = self._reader.schema
             else:
-                self._file = pa.memory_map(self._src) if isinstance(self._src, str) else open_stream(path, self._src)
+                self._file = _native(path, self._src)
                 self._schema = pa.ipc.open_stream(self._file).schema
-        except (pa.ArrowException, OSError) as exc:
+            found = _columns(self._schema)  # also decodes the names: a damaged one fails here
+        except StorageError:
+            raise
+        except data_errors() as exc:
             raise _arrow_error(path, exc) from None
+        if "columns" in info and found != info["columns"]:
+            raise FormatError(f"{path}: its schema {found} is not the {info['columns']} it was indexed with; damaged?")
         missing = [c for c in columns or [] if c not in self._schema.names]
         if missing:
-            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
         self._columns = columns
+        self._errors = errors
         self._all: pa.Table | None = None  # a stream without offsets, read whole once
 
-    def _batch(self, i: int) -> pa.RecordBatch | pa.Table:
-        """Record batch ``i``, fully validated: Arrow trusts IPC buffers, a damaged file must not crash a decode."""
+    def _batch(self, i: int) -> pa.RecordBatch | pa.Table | None:
+        """Record batch ``i``, fully validated (Arrow trusts IPC buffers: a damaged file must not
+        crash a decode), or None when it is unreadable and the policy skips it."""
+        rows = int(self._starts[i + 1] - self._starts[i])
         try:
             batch = self._read_batch(i)
+            if batch.num_rows != rows:
+                raise ValueError(f"{batch.num_rows} rows, the index says {rows}")
+            if batch.schema != self._schema:
+                raise ValueError(f"its schema differs from the file's: {batch.schema}")
             batch.validate(full=True)
             return batch
-        except (pa.ArrowException, OSError) as exc:
-            raise FormatError(f"{self.path}: unreadable record batch {i}: {exc}") from None
+        except StorageError:
+            raise
+        except data_errors() as exc:
+            row = int(self._starts[i])
+            bad(
+                self._errors,
+                RecordError(f"unreadable record batch {i} (rows {row}..{row + rows}): {exc}", path=self.path, row=row),
+            )
+            return None
 
     def _read_batch(self, i: int) -> pa.RecordBatch | pa.Table:
         if self._kind == "file":
@@ -140,20 +174,26 @@ class ArrowReader:
 
     def read(self, start: int, stop: int) -> Piece:
         parts = []
+        valid: np.ndarray | None = None
         b = int(np.searchsorted(self._starts, start, side="right")) - 1
         pos = start
         while pos < stop:
             b_start, b_stop = int(self._starts[b]), int(self._starts[b + 1])
             end = min(stop, b_stop)
             batch = self._batch(b)
-            if self._columns is not None:
-                batch = batch.select(self._columns)
-            part = batch.slice(pos - b_start, end - pos)
-            parts.append(part if isinstance(part, pa.Table) else pa.Table.from_batches([part]))
+            if batch is None:  # skipped: its rows are counted, not yielded
+                if valid is None:
+                    valid = np.ones(stop - start, dtype=bool)
+                valid[pos - start : end - start] = False
+            else:
+                if self._columns is not None:
+                    batch = batch.select(self._columns)
+                part = batch.slice(pos - b_start, end - pos)
+                parts.append(part if isinstance(part, pa.Table) else pa.Table.from_batches([part]))
             pos, b = end, b + 1
         if not parts:
-            return Piece(self._schema.empty_table().select(self._columns or self._schema.names))
-        return Piece(pa.concat_tables(parts))
+            return Piece(self._schema.empty_table().select(self._columns or self._schema.names), valid)
+        return Piece(pa.concat_tables(parts), valid)
 
     def close(self) -> None:
         if self._file is not None:

@@ -7,14 +7,13 @@ dependency leaves a format module.
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import mmap
 from typing import IO, Any
 
 import numpy as np
 
-from tidal.errors import FormatError
+from tidal.errors import FormatError, StorageError
+from tidal.formats import codecs
 
 
 def read_all(path: str, src: Any, compression: str | None) -> bytes:
@@ -29,40 +28,15 @@ def read_all(path: str, src: Any, compression: str | None) -> bytes:
             with open(src, "rb") as f:
                 data = f.read()
         return decompress(path, data, compression)
-    except FormatError:
+    except (FormatError, StorageError):
         raise
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc}") from None
 
 
 def decompress(path: str, data: bytes, compression: str | None) -> bytes:
-    try:
-        if compression is None:
-            return data
-        if compression == "gzip":
-            return gzip.decompress(data)
-        if compression == "bz2":
-            return bz2.decompress(data)
-        if compression == "zstd":
-            import io
-
-            import zstandard
-
-            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as r:
-                return r.read()
-        if compression == "brotli":
-            import brotli
-
-            return bytes(brotli.decompress(data))
-        if compression == "snappy":
-            import snappy
-
-            return bytes(snappy.decompress(data))
-    except ImportError as exc:
-        raise FormatError(f"{path}: {compression} needs a package: {exc}") from None
-    except Exception as exc:  # each codec raises its own error type for corrupt input
-        raise FormatError(f"{path}: not valid {compression} data: {exc}") from None
-    raise FormatError(f"{path}: unsupported compression {compression!r}")
+    """``data`` decompressed, every byte checked (see :mod:`tidal.formats.codecs`)."""
+    return codecs.decompress(path, data, compression)
 
 
 def mapped(path: str, src: Any) -> np.ndarray:

@@ -16,6 +16,10 @@ segment the same way.
 
 A compressed file is decompressed into memory when a reader opens it (its checkpoints are
 found then): fine for the small files people compress; store large ones plain or as Parquet.
+It is also decompressed whole when scanned, every byte checked (:mod:`tidal.formats.codecs`),
+so a truncated or corrupt one fails its scan. A segment that does not parse to the rows the
+scan found (a file damaged or changed since) is a FormatError naming the file and line,
+handed to the ``errors`` policy like a bad row, its rows skipped under ``errors="skip"``.
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pc
 
-from tidal.errors import FormatError, RecordError
-from tidal.formats import Errors, Options, Piece, source
+from tidal.errors import FormatError, RecordError, SchemaError
+from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 from tidal.formats.binary import mapped, read_all
 
 NAME = "csv"
-__all__ = ["NAME", "SEGMENT_ROWS", "open", "records", "scan"]
+__all__ = ["NAME", "SEGMENT_ROWS", "columns", "open", "records", "scan"]
 
 SEGMENT_ROWS = 4096
 _WINDOW = 1 << 24
@@ -99,6 +103,32 @@ def _layout(path: str, data: np.ndarray) -> tuple[bytes, list[list[int]], int]:
     return header, checkpoints, rows
 
 
+def _is_utf8(data: np.ndarray) -> bool:
+    """Whether ``data`` is valid UTF-8, checked by Arrow without a copy."""
+    offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64))
+    try:
+        pa.LargeStringArray.from_buffers(1, offsets, pa.py_buffer(data)).validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _utf8_records(data: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The records of ``data`` that are valid UTF-8, one per line; their indices among all its
+    records; and where each record starts. Arrow decodes a row it cannot parse to hand it to
+    a Python handler, so bytes that are not UTF-8 must be taken out before parsing."""
+    starts, ends = records(data)
+    good = []
+    for i, (a, z) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        try:
+            data[a:z].tobytes().decode()
+        except UnicodeDecodeError:
+            continue
+        good.append(i)
+    kept = b"".join(data[starts[i] : ends[i]].tobytes() + b"\n" for i in good)
+    return kept, np.array(good, dtype=np.int64), starts
+
+
 def _schema(path: str, header: bytes, data: Any, delimiter: str) -> pa.Schema:
     """Column names and types inferred over the whole file; columns that do not convert become strings."""
     parse = pc.ParseOptions(delimiter=delimiter, invalid_row_handler=lambda row: "skip")
@@ -133,7 +163,8 @@ def _bytes(path: str, src: Any, compression: str | None) -> np.ndarray:
 def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     data = _bytes(path, file or path, compression)
     header, checkpoints, rows = _layout(path, data)
-    schema = _schema(path, header, data, _delimiter(path))
+    text = data if _is_utf8(data) else np.frombuffer(_utf8_records(data)[0], dtype=np.uint8)
+    schema = _schema(path, header, text, _delimiter(path))
     info: dict = {
         "rows": rows,
         "records": rows,  # the index keeps "rows" apart; the reader needs the count too
@@ -143,6 +174,10 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     if compression is None:
         info["checkpoints"] = checkpoints
     return info
+
+
+def columns(info: dict) -> list[str]:
+    return list(info["columns"])
 
 
 class CsvReader:
@@ -156,7 +191,7 @@ class CsvReader:
         self._schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(info["schema"])))
         missing = [c for c in columns or [] if c not in self._schema.names]
         if missing:
-            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
         self._columns = columns
         self._errors = errors
         self._delimiter = _delimiter(path)
@@ -170,45 +205,74 @@ class CsvReader:
         stop = self._checkpoints[k + 1][1] if k + 1 < len(self._checkpoints) else len(self._data)
         expected = min(SEGMENT_ROWS, self._rows - row)
         data = self._data[start:stop]
-        bad: list[int] = []
+        wrong: list[int] = []
+        buffer, parsed = pa.py_buffer(data), None  # parsed: the segment's rows that were parsed, if not all
+        if not _is_utf8(data):
+            text, parsed, starts = _utf8_records(data)
+            if len(starts) != expected:
+                return self._lost(
+                    k,
+                    expected,
+                    FormatError(
+                        f"{self.path}: {len(starts)} rows from line {line}, expected {expected}; is it damaged?"
+                    ),
+                )
+            for i in sorted(set(range(expected)) - set(parsed.tolist())):
+                at = _line(data, int(starts[i])) + line - 1
+                bad(self._errors, RecordError("not UTF-8", path=self.path, line=at))
+            buffer = pa.py_buffer(text)
 
         def invalid(row: Any) -> str:
-            bad.append(int(row.number) - 1)
+            wrong.append(int(row.number) - 1)
             return "skip"
 
         try:
             table = pc.read_csv(
-                pa.py_buffer(data),
+                buffer,
                 read_options=pc.ReadOptions(column_names=self._schema.names, use_threads=False),
                 parse_options=pc.ParseOptions(delimiter=self._delimiter, invalid_row_handler=invalid),
                 convert_options=pc.ConvertOptions(
                     column_types=self._schema, include_columns=self._columns or self._schema.names
                 ),
             )
-        except pa.ArrowException as exc:
-            if self._errors == "raise":
-                raise RecordError(
-                    f"unreadable rows {row}..{row + expected}: {exc}", path=self.path, line=line
-                ) from None
-            none = np.zeros(expected, dtype=bool)
-            self._cached = (k, None, none)
-            return None, none
-        if table.num_rows + len(bad) != expected:
-            raise FormatError(
-                f"{self.path}: {table.num_rows + len(bad)} rows from line {line}, expected {expected}; "
-                "was it changed after indexing?"
+        except data_errors() as exc:
+            return self._lost(
+                k, expected, RecordError(f"unreadable rows {row}..{row + expected}: {exc}", path=self.path, line=line)
+            )
+        parsed_rows = expected if parsed is None else len(parsed)
+        if table.num_rows + len(wrong) != parsed_rows or any(not 0 <= i < parsed_rows for i in wrong):
+            return self._lost(
+                k,
+                expected,
+                FormatError(
+                    f"{self.path}: {table.num_rows + len(wrong)} rows from line {line}, expected {expected}; "
+                    "is it damaged, or was it changed after indexing?"
+                ),
             )
         kept: np.ndarray | None = None
-        if bad:
-            if self._errors == "raise":
+        if wrong or parsed is not None:
+            rows = np.arange(expected) if parsed is None else parsed  # row in the segment of each parsed row
+            if wrong:
                 starts, _ = records(data)
-                at = int(starts[bad[0]]) if bad[0] < len(starts) else 0
-                got = _line(data, at) + line - 1
-                raise RecordError("wrong number of fields", path=self.path, line=got)
-            kept = np.ones(expected, dtype=bool)
-            kept[bad] = False
+                for i in rows[wrong].tolist():
+                    at = int(starts[i]) if i < len(starts) else 0
+                    bad(
+                        self._errors,
+                        RecordError("wrong number of fields", path=self.path, line=_line(data, at) + line - 1),
+                    )
+            kept = np.zeros(expected, dtype=bool)
+            kept[rows] = True
+            kept[rows[wrong]] = False
         self._cached = (k, table, kept)
         return table, kept
+
+    def _lost(self, k: int, expected: int, error: Exception) -> tuple[None, np.ndarray]:
+        """Segment ``k`` could not be read: the error to the policy, all its rows skipped if it returns."""
+        assert isinstance(error, (RecordError, FormatError))
+        bad(self._errors, error)
+        none = np.zeros(expected, dtype=bool)
+        self._cached = (k, None, none)
+        return None, none
 
     def read(self, start: int, stop: int) -> Piece:
         parts: list[pa.Table] = []

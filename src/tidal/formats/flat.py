@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from tidal.errors import FormatError
-from tidal.formats import Errors, Options, Piece, check_options, source
+from tidal.errors import FormatError, SchemaError
+from tidal.formats import Errors, Options, Piece, check_options, data_errors, source
 from tidal.formats.binary import mapped, open_stream
 
 NAME = "flat"
-__all__ = ["NAME", "ROW_BYTES", "open", "scan"]
+__all__ = ["NAME", "ROW_BYTES", "columns", "open", "scan"]
 
 ROW_BYTES = 8192
 _BIN_DTYPES = {"uint16": "<u2", "uint32": "<u4", "int32": "<i4", "int64": "<i8"}
@@ -41,7 +41,7 @@ def _npy_header(path: str, src: Any) -> tuple[np.dtype, int, int]:
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(f)
         offset = f.tell()
-    except (ValueError, OSError, SyntaxError, KeyError, TypeError, EOFError) as exc:
+    except data_errors() as exc:
         raise FormatError(f"{path}: not a readable .npy file: {exc}") from None
     finally:
         f.close()
@@ -85,12 +85,22 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     if compression is not None:
         raise FormatError(f"{path}: token files are memory-mapped; a {compression} wrapper is not supported")
     src = file or path
-    if path.lower().endswith(".npy"):
-        dt, n, _ = _npy_header(path, src)
-        return {"rows": _rows(n, dt.itemsize), "tokens": n, "dtype": dt.name}
     size = len(mapped(path, src))
+    if path.lower().endswith(".npy"):
+        dt, n, offset = _npy_header(path, src)
+        if size < offset + n * dt.itemsize:
+            raise FormatError(
+                f"{path}: truncated: {n} {dt} ids need {offset + n * dt.itemsize} bytes, the file has {size}"
+            )
+        return {"rows": _rows(n, dt.itemsize), "tokens": n, "dtype": dt.name}
+    if size % 2:  # every dtype a .bin may hold is 2 bytes or more: an odd size is a cut file
+        raise FormatError(f"{path}: {size} bytes is not a whole number of uint16 (or wider) token ids; truncated?")
     # rows are 8 KiB whatever the dtype, so the count does not depend on the dtype option
     return {"rows": -(-size // ROW_BYTES)}
+
+
+def columns(info: dict) -> list[str]:
+    return ["input_ids"]
 
 
 def open(  # noqa: A001
@@ -102,7 +112,7 @@ def open(  # noqa: A001
     options: Options | None = None,
 ) -> FlatReader:
     if columns is not None and list(columns) != ["input_ids"]:
-        raise FormatError(f"{path}: a token file has one column, 'input_ids'; asked for {columns}")
+        raise SchemaError(f"{path}: a token file has one column, 'input_ids'; asked for {columns}")
     dtype = check_options(NAME, options).get("dtype", "uint16")
     if str(dtype) not in _BIN_DTYPES:
         raise FormatError(f"{path}: dtype must be one of {', '.join(_BIN_DTYPES)}, not {dtype!r}")

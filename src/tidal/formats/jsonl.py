@@ -1,5 +1,10 @@
 """JSON lines: one JSON object per non-empty line, kept as Python dicts.
 
+A line that is not a JSON object, or (with ``columns=``) an object without one of the
+columns, is a :class:`~tidal.errors.RecordError` naming the file and line, handed to the
+``errors`` policy. JSON lines have no schema, so a column missing from every record of a
+block is a :class:`~tidal.errors.SchemaError` raised by the source stage, not a skip per row.
+
 Lines are parsed with orjson when it is installed (``tidal[fast]``) and with the standard
 library otherwise: the same records and the same errors either way (:mod:`tidal.formats._json`).
 """
@@ -11,15 +16,11 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import RecordError
-from tidal.formats import Errors, Options, Piece, _json
+from tidal.formats import Errors, Options, Piece, _json, bad
 from tidal.formats.lines import LineReader, scan
 
 NAME = "jsonl"
 __all__ = ["NAME", "open", "scan"]
-
-
-class _NotRecord(ValueError):
-    """Valid JSON that is not a record: not an object, or without a requested column."""
 
 
 class JsonlReader:
@@ -36,19 +37,33 @@ class JsonlReader:
         loads = _json.loads
         rows, lines = self._lines.read_rows(start, stop)
         for i, data in enumerate(rows):
+            error: RecordError | None = None
             try:
                 rec = loads(data)
+            except ValueError as exc:  # orjson's JSONDecodeError and the standard library's are ValueErrors
+                why = _json.reason(data, exc)
+                error = RecordError(f"malformed JSON record: {why}", path=self._path, line=lines[i])
+            else:
                 if not isinstance(rec, dict):
-                    raise _NotRecord(f"expected a JSON object, got {type(rec).__name__}")
-                if columns is not None:
+                    error = RecordError(
+                        f"malformed JSON record: expected a JSON object, got {type(rec).__name__}",
+                        path=self._path,
+                        line=lines[i],
+                    )
+                elif columns is not None:
                     missing = [c for c in columns if c not in rec]
                     if missing:
-                        raise _NotRecord(f"no field {missing[0]!r} (fields: {', '.join(sorted(rec)) or 'none'})")
-                    rec = {c: rec[c] for c in columns}
-            except ValueError as exc:  # orjson's JSONDecodeError is a ValueError too
-                if self._errors == "raise":
-                    why = str(exc) if isinstance(exc, _NotRecord) else _json.reason(data, exc)
-                    raise RecordError(f"malformed JSON record: {why}", path=self._path, line=lines[i]) from None
+                        fields = ", ".join(sorted(rec)) or "none"
+                        error = RecordError(
+                            f"malformed JSON record: no field {missing[0]!r} (fields: {fields})",
+                            path=self._path,
+                            line=lines[i],
+                            column=missing[0],
+                        )
+                    else:
+                        rec = {c: rec[c] for c in columns}
+            if error is not None:
+                bad(self._errors, error)
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
                 valid[i] = False

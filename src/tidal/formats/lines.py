@@ -1,9 +1,12 @@
-"""Line-oriented files (JSON lines, plain text), plain, gzip or zstd.
+"""Line-oriented files (JSON lines, plain text), plain or compressed (gzip, zstd, bz2).
 
 A record is a non-empty line; empty lines (and a lone ``\\r``) are not records. For
 uncompressed files the index keeps a checkpoint every ``CHECKPOINT_ROWS`` records (row,
 byte offset, line number), so a reader opens at any row after at most that many lines.
 Compressed files are read from their start: cost bounded by the file, never by the epoch.
+Every compressed byte is checked (:mod:`tidal.formats.codecs`): scanning reads the whole
+file, so a truncated or corrupt one fails its scan (a FormatError naming the file and the
+byte), and the index never counts lines that could not be read back.
 
 ``path`` names the file in errors; the bytes are read from ``file`` when it is given (a
 remote shard's local copy in the shard cache, passed as ``info["file"]`` or ``file=``).
@@ -11,32 +14,15 @@ remote shard's local copy in the shard cache, passed as ``info["file"]`` or ``fi
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 from collections.abc import Iterator
-from typing import IO, cast
+from typing import IO
 
-from tidal.errors import FormatError, TidalError
+from tidal.errors import FormatError
 from tidal.formats import source
+from tidal.formats.codecs import open_stream
 
 CHECKPOINT_ROWS = 4096
 _PIECE = 1 << 22
-
-
-def open_binary(path: str, compression: str | None) -> IO[bytes]:
-    if compression == "gzip":
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    if compression == "bz2":
-        return cast(IO[bytes], bz2.open(path, "rb"))
-    if compression not in (None, "zstd"):
-        raise FormatError(f"{path}: {compression} is read whole by the formats that use it, not as a stream")
-    raw = open(path, "rb")  # noqa: SIM115 - the caller closes it
-    if compression is None:
-        return raw
-    import zstandard
-
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
 
 
 def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int, bytes]]:
@@ -62,7 +48,7 @@ def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int
 def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     rows = 0
     checkpoints: list[list[int]] = []
-    with open_binary(file or path, compression) as f:
+    with open_stream(path, file or path, compression) as f:
         for offset, line, _ in _iter_lines(f, 0, 0):
             if compression is None and rows % CHECKPOINT_ROWS == 0:
                 checkpoints.append([rows, offset, line - 1])
@@ -98,7 +84,7 @@ class LineReader:
 
     def _open_at(self, row: int) -> None:
         self.close()
-        self._file = open_binary(self._source, self._compression)
+        self._file = open_stream(self.path, self._source, self._compression)
         self._row = line = 0
         if self._compression is None and self._checkpoints:
             k = min(row // CHECKPOINT_ROWS, len(self._checkpoints) - 1)
@@ -136,7 +122,7 @@ class LineReader:
         lines: list[int] = []
         while self._row < stop:
             if self._at >= len(self._rows) and not self._refill():
-                raise TidalError(
+                raise FormatError(
                     f"{self.path}: ended after {self._row} records, expected {stop}; was it changed after indexing?"
                 )
             available = len(self._rows) - self._at

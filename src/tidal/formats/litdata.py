@@ -28,7 +28,10 @@ Records:
   ``allow_pickle=True``. Other serializers (video, audio, graph, LitData's binary ``json``)
   and encrypted or frame-compressed chunks are refused with a FormatError naming the file.
 
-Whole-chunk ``compression="zstd"`` chunks are decompressed into memory when opened.
+Whole-chunk ``compression="zstd"`` chunks are decompressed into memory when opened, every
+byte checked (:mod:`tidal.formats.codecs`). LitData keeps no checksum: an item that does not
+decode is a :class:`~tidal.errors.RecordError` naming the file and row, for the ``errors``
+policy; an Arrow footer is validated whole when the chunk is opened.
 """
 
 from __future__ import annotations
@@ -44,12 +47,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tidal.errors import FormatError, RecordError
-from tidal.formats import Errors, Options, Piece, check_options, source
+from tidal.errors import FormatError, RecordError, SchemaError
+from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "litdata"
-__all__ = ["NAME", "claims", "open", "scan"]
+__all__ = ["NAME", "claims", "columns", "open", "scan"]
 
 INDEX = "index.json"
 FOOTER_MAGIC = b"LDARW01\x00"
@@ -127,6 +130,10 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     return {"rows": chunk.rows, "config": keep, "columns": dict.fromkeys(columns, "")}
 
 
+def columns(info: dict) -> list[str]:
+    return list(info["columns"])
+
+
 def _keys(spec: Any) -> list[str]:
     tree = _spec(spec)
     if tree is not None and tree.get("type") in ("builtins.dict", "collections.OrderedDict"):
@@ -164,7 +171,8 @@ class Chunk:
                 raise FormatError(f"{path}: corrupt Arrow footer: {size} bytes in a {len(data)}-byte chunk")
             try:
                 self.footer = pa.ipc.open_file(pa.py_buffer(data[end : len(data) - 12])).read_all()
-            except pa.ArrowException as exc:
+                self.footer.validate(full=True)
+            except data_errors() as exc:
                 raise FormatError(f"{path}: corrupt Arrow footer: {exc}") from None
         if end < 4:
             raise FormatError(f"{path}: not a LitData chunk: {end} bytes")
@@ -200,7 +208,7 @@ class LitdataReader:
         names = list(info.get("columns") or {})
         missing = [c for c in columns or [] if c not in names]
         if missing:
-            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
         self._columns = columns
         if "pickle" in _leaf_names(self._formats) and not opts.get("allow_pickle", False):
             raise FormatError(
@@ -281,9 +289,8 @@ class LitdataReader:
             try:
                 rec = self._item(row)
                 records.append(rec if self._columns is None else {c: rec[c] for c in self._columns})
-            except (ValueError, KeyError, IndexError, TypeError, struct.error, EOFError, pickle.UnpicklingError) as exc:
-                if self._errors == "raise":
-                    raise RecordError(f"undecodable LitData item: {exc}", path=self.path, row=row) from None
+            except data_errors() as exc:  # a pickle may raise anything: allow_pickle trusts the data
+                bad(self._errors, RecordError(f"undecodable LitData item: {exc}", path=self.path, row=row))
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
                 valid[row - start] = False

@@ -23,7 +23,9 @@ reader that would return one refuses unless ``allow_pickle=True``; leave the col
 with ``columns=`` to read the rest.
 
 A compressed shard is decompressed into memory when a reader opens it (Mosaic's shards are
-64 MB by default); an uncompressed one is memory-mapped.
+64 MB by default), every byte checked (:mod:`tidal.formats.codecs`); an uncompressed one is
+memory-mapped. MDS has no checksum of its own: a sample that does not decode is a
+:class:`~tidal.errors.RecordError` naming the file and row, for the ``errors`` policy.
 """
 
 from __future__ import annotations
@@ -31,18 +33,17 @@ from __future__ import annotations
 import io
 import json
 import pickle
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
-from orjson import loads
 
-from tidal.errors import FormatError, RecordError
-from tidal.formats import Errors, Options, Piece, check_options, source
+from tidal.errors import FormatError, RecordError, SchemaError
+from tidal.formats import Errors, Options, Piece, _json, bad, check_options, data_errors, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "mds"
-__all__ = ["NAME", "open", "scan"]
+__all__ = ["NAME", "columns", "open", "scan"]
 
 SCALARS = {
     "int": "<i8",
@@ -109,7 +110,7 @@ class Shard:
             config = json.loads(data[head:first].tobytes())
             names, encodings = list(config["column_names"]), list(config["column_encodings"])
             sizes = list(config["column_sizes"])
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, LookupError, TypeError) as exc:
             raise FormatError(f"{path}: corrupt MDS shard: unreadable column config ({exc})") from None
         if not (len(names) == len(encodings) == len(sizes)) or not all(isinstance(e, str) for e in encodings):
             raise FormatError(f"{path}: corrupt MDS shard: column config does not line up")
@@ -130,14 +131,23 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     return {"rows": shard.rows, "columns": dict(zip(shard.names, shard.encodings, strict=True))}
 
 
+def columns(info: dict) -> list[str]:
+    return list(info["columns"])
+
+
 def _image(encoding: str, data: bytes) -> Any:
     from PIL import Image
 
-    if encoding == "pil":
-        width, height, mode_size = np.frombuffer(data[:12], "<u4").tolist()
-        mode = data[12 : 12 + mode_size].decode()
-        return Image.frombytes(mode, (width, height), data[12 + mode_size :])
-    return Image.open(io.BytesIO(data))
+    try:
+        if encoding == "pil":
+            width, height, mode_size = np.frombuffer(data[:12], "<u4").tolist()
+            mode = data[12 : 12 + mode_size].decode()
+            return Image.frombytes(mode, (width, height), data[12 + mode_size :])
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        return image
+    except Exception as exc:  # Pillow raises many kinds (DecompressionBombError is no ValueError)
+        raise ValueError(f"undecodable {encoding} image: {exc}") from None
 
 
 def _split_list(data: bytes, head: int) -> list[bytes]:
@@ -185,9 +195,14 @@ class MdsReader:
         self.path = path
         self._shard = Shard(path, source(path, info), compression)
         names = self._shard.names
+        found = dict(zip(names, self._shard.encodings, strict=True))
+        if "columns" in info and found != info["columns"]:
+            raise FormatError(
+                f"{path}: its columns {found} are not the {info['columns']} it was indexed with; damaged?"
+            )
         missing = [c for c in columns or [] if c not in names]
         if missing:
-            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
         wanted = set(columns or names)
         self._keep = [(i, n) for i, n in enumerate(names) if n in wanted]
         if columns is not None:  # in the order asked
@@ -221,7 +236,7 @@ class MdsReader:
         if encoding == "str_decimal":
             return Decimal(data.decode())
         if encoding == "json":
-            return loads(data)
+            return _json.loads(data)
         if encoding in UNSAFE:
             return pickle.loads(data)  # refused at open unless allow_pickle
         # images
@@ -262,18 +277,8 @@ class MdsReader:
         for row in range(start, stop):
             try:
                 records.append(self._sample(row))
-            except (
-                ValueError,
-                KeyError,
-                IndexError,
-                TypeError,
-                InvalidOperation,
-                OSError,
-                EOFError,
-                pickle.UnpicklingError,
-            ) as exc:
-                if self._errors == "raise":
-                    raise RecordError(f"undecodable MDS sample: {exc}", path=self.path, row=row) from None
+            except data_errors() as exc:  # a pickle may raise anything: allow_pickle trusts the data
+                bad(self._errors, RecordError(f"undecodable MDS sample: {exc}", path=self.path, row=row))
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
                 valid[row - start] = False

@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from tidal.errors import FormatError
+from tidal.errors import FormatError, SchemaError
 from tidal.formats import Errors, Options, Piece, source
 from tidal.formats.binary import check_offsets, mapped, view
 
 NAME = "megatron"
-__all__ = ["NAME", "claims", "open", "scan"]
+__all__ = ["NAME", "claims", "columns", "open", "scan"]
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEAD = struct.Struct("<9sQBQQ")  # 34 bytes
@@ -115,6 +115,10 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     }
 
 
+def columns(info: dict) -> list[str]:
+    return ["input_ids"]
+
+
 def open(  # noqa: A001
     path: str,
     compression: str | None,
@@ -124,5 +128,5 @@ def open(  # noqa: A001
     options: Options | None = None,
 ) -> MegatronReader:
     if columns is not None and list(columns) != ["input_ids"]:
-        raise FormatError(f"{path}: a Megatron dataset has one column, 'input_ids'; asked for {columns}")
+        raise SchemaError(f"{path}: a Megatron dataset has one column, 'input_ids'; asked for {columns}")
     return MegatronReader(path, source(path, info))

@@ -14,11 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from tidal.errors import FormatError
+from tidal.errors import FormatError, SchemaError
 from tidal.formats import Errors, Options, Piece
 
 NAME = "memory"
-__all__ = ["NAME", "open", "scan", "shards"]
+__all__ = ["NAME", "columns", "open", "scan", "shards"]
 
 
 def scan(path: str, compression: str | None, file: Any = None) -> dict:
@@ -39,6 +39,10 @@ def shards(table: pa.Table, name: str, rows_per_shard: int) -> list[Any]:
     return out
 
 
+def columns(info: dict) -> list[str]:
+    return list(info["columns"])
+
+
 class MemoryReader:
     def __init__(self, path: str, info: dict, columns: list[str] | None):
         table = info.get("table")
@@ -46,7 +50,7 @@ class MemoryReader:
             raise FormatError(f"{path}: an in-memory shard without its table")
         missing = [c for c in columns or [] if c not in table.column_names]
         if missing:
-            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(table.column_names)})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(table.column_names)})")
         self._table = table.select(columns) if columns is not None else table
         self._start = int(info.get("start", 0))
 

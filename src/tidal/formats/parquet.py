@@ -5,6 +5,14 @@
 binary file, or a function that opens one (a remote file read in place by byte ranges, for
 a few columns of a large file). The index keeps each top-level column's compressed size,
 which is how the reader decides between the two.
+
+What is checked: the footer when a file is scanned; each data page's CRC when it is read,
+where the writer stored one (``pq.write_table(..., write_page_checksum=True)``; Arrow
+does not by default); and every row group read is validated whole (offsets, and UTF-8 in
+string columns), so a damaged page is an error, not garbage or a crash further on. A row
+group that cannot be read is a :class:`~tidal.errors.RecordError` naming the file and its
+first row (skipped whole under ``errors="skip"``); a string that is not UTF-8 is one naming
+its row (only that row skipped).
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Options, Piece, source
+from tidal.errors import FormatError, RecordError, SchemaError, StorageError
+from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 
 NAME = "parquet"
 
@@ -27,59 +35,105 @@ Source = str | IO[bytes] | Callable[[], IO[bytes]]
 def _open_file(path: str, file: Any = None) -> pq.ParquetFile:
     source = path if file is None else file() if callable(file) else file
     try:
-        return pq.ParquetFile(source, pre_buffer=not isinstance(source, str))
+        return pq.ParquetFile(source, pre_buffer=not isinstance(source, str), page_checksum_verification=True)
     except StorageError:
         raise
-    except (pa.ArrowException, OSError) as exc:
+    except data_errors() as exc:
         raise FormatError(f"{path}: not a readable Parquet file: {exc}") from None
 
 
 def scan(path: str, compression: str | None, file: Source | None = None) -> dict:
     if compression is not None:
         raise FormatError(f"{path}: Parquet compresses inside the file; a {compression} wrapper is not supported")
-    meta = _open_file(path, file).metadata
-    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    sizes: dict[str, int] = {}
-    for g in range(meta.num_row_groups):
-        rg = meta.row_group(g)
-        for c in range(rg.num_columns):
-            col = rg.column(c)
-            top = col.path_in_schema.split(".", 1)[0]
-            sizes[top] = sizes.get(top, 0) + col.total_compressed_size
-    return {"rows": meta.num_rows, "row_groups": groups, "column_bytes": sizes}
+    pf = _open_file(path, file)
+    try:
+        meta = pf.metadata
+        names = pf.schema_arrow.names
+        groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        sizes: dict[str, int] = {}
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                top = col.path_in_schema.split(".", 1)[0]
+                sizes[top] = sizes.get(top, 0) + col.total_compressed_size
+    except StorageError:
+        raise
+    except data_errors() as exc:
+        raise FormatError(f"{path}: corrupt Parquet footer: {exc}") from None
+    finally:
+        pf.close()  # its own handle; a file object it was given stays open
+    if sum(groups) != meta.num_rows or min(groups, default=0) < 0:
+        raise FormatError(f"{path}: corrupt Parquet footer: row groups of {groups} rows, {meta.num_rows} in all")
+    return {"rows": meta.num_rows, "row_groups": groups, "column_bytes": sizes, "names": names}
+
+
+def columns(info: dict) -> list[str] | None:
+    """The top-level columns (from an older index without them: those the row groups hold)."""
+    if "names" in info:
+        return list(info["names"])
+    return list(info.get("column_bytes", {})) if info.get("row_groups") else None
 
 
 class ParquetReader:
     def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors):
         self._path = path
         self._file = _open_file(path, source(path, info))
-        names = self._file.schema_arrow.names
+        try:
+            names = self._file.schema_arrow.names
+        except data_errors() as exc:
+            raise FormatError(f"{path}: not a readable Parquet file: {exc}") from None
+        if "names" in info and names != info["names"]:
+            raise FormatError(f"{path}: its columns {names} are not the {info['names']} it was indexed with; damaged?")
         missing = [c for c in columns or [] if c not in names]
         if missing:
-            raise FormatError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
         self._columns = columns
         self._errors = errors
         self._starts = np.concatenate([[0], np.cumsum(info["row_groups"])]).astype(np.int64)
         # The decoded row group the last read ended in: the next slice of this file (the next
         # block of its group) usually starts there. Dropped once read to its end, so memory
         # holds one row group per file of the block being read, not per open file.
-        self._cached: tuple[int, pa.Table | None] = (-1, None)
+        # (group, its rows that were kept or None if it was skipped, which rows were: None = all)
+        self._cached: tuple[int, pa.Table | None, np.ndarray | None] = (-1, None, None)
 
-    def _group(self, g: int) -> pa.Table | None:
+    def _group(self, g: int) -> tuple[pa.Table | None, np.ndarray | None]:
         if self._cached[0] != g:
+            row, end = int(self._starts[g]), int(self._starts[g + 1])
+            table: pa.Table | None = None
+            kept: np.ndarray | None = None
             try:
                 table = self._file.read_row_group(g, columns=self._columns)
+                if table.num_rows != end - row:
+                    raise ValueError(f"{table.num_rows} rows, the footer says {end - row}")
+                table.validate(full=True)
             except StorageError:
                 raise  # the network, not the data: never skipped as a bad row group
-            except (pa.ArrowException, OSError) as exc:
-                if self._errors == "raise":
-                    row = int(self._starts[g])
-                    raise RecordError(
-                        f"unreadable row group {g} (rows {row}..{self._starts[g + 1]}): {exc}", path=self._path, row=row
-                    ) from None
-                table = None
-            self._cached = (g, table)
-        return self._cached[1]
+            except data_errors() as exc:
+                table, kept = self._salvage(g, table, exc)
+            self._cached = (g, table, kept)
+        return self._cached[1], self._cached[2]
+
+    def _salvage(self, g: int, table: pa.Table | None, exc: BaseException) -> tuple[pa.Table | None, np.ndarray | None]:
+        """A row group that failed: its rows without the strings that are not UTF-8, when that
+        was all that failed; else nothing (the whole group handed to the errors policy)."""
+        row = int(self._starts[g])
+        if table is not None:
+            kept = _utf8_rows(table)
+            if kept is not None:
+                for i in np.flatnonzero(~kept).tolist():
+                    bad(self._errors, RecordError("a string that is not UTF-8", path=self._path, row=row + i))
+                try:
+                    good = table.filter(pa.array(kept))
+                    good.validate(full=True)
+                    return good, kept
+                except data_errors():
+                    pass
+        error = RecordError(
+            f"unreadable row group {g} (rows {row}..{self._starts[g + 1]}): {exc}", path=self._path, row=row
+        )
+        bad(self._errors, error)
+        return None, np.zeros(int(self._starts[g + 1]) - row, dtype=bool)
 
     def read(self, start: int, stop: int) -> Piece:
         parts: list[pa.Table] = []
@@ -89,16 +143,20 @@ class ParquetReader:
         while pos < stop:
             g_start, g_stop = int(self._starts[g]), int(self._starts[g + 1])
             end = min(stop, g_stop)
-            table = self._group(g)
-            if table is None:  # skipped: its rows are counted, not yielded
+            table, kept = self._group(g)
+            if kept is not None:  # rows skipped: counted, not yielded
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
-                valid[pos - start : end - start] = False
-            else:
-                parts.append(table.slice(pos - g_start, end - pos))
+                valid[pos - start : end - start] = kept[pos - g_start : end - g_start]
+            if table is not None:
+                if kept is None:
+                    parts.append(table.slice(pos - g_start, end - pos))
+                else:
+                    before = int(np.count_nonzero(kept[: pos - g_start]))
+                    parts.append(table.slice(before, int(np.count_nonzero(kept[pos - g_start : end - g_start]))))
             pos, g = end, g + 1
         if self._cached[0] >= 0 and stop >= self._starts[self._cached[0] + 1]:
-            self._cached = (-1, None)  # read to its end: in epoch order no slice comes back to it
+            self._cached = (-1, None, None)  # read to its end: in epoch order no slice comes back to it
         if not parts:
             schema = self._file.schema_arrow
             parts = [schema.empty_table().select(self._columns or schema.names)]
@@ -106,6 +164,28 @@ class ParquetReader:
 
     def close(self) -> None:
         self._file.close(force=True)  # also a file object it was given
+
+
+def _utf8_rows(table: pa.Table) -> np.ndarray | None:
+    """Which rows hold only valid UTF-8 in their top-level string columns, or None when the
+    table's other columns are damaged too (or nothing here is a string)."""
+    strings = [
+        n
+        for n, t in zip(table.column_names, table.schema.types, strict=True)
+        if pa.types.is_string(t) or pa.types.is_large_string(t)
+    ]
+    if not strings:
+        return None
+    kept = np.ones(table.num_rows, dtype=bool)
+    for name in strings:
+        binary = table.column(name).cast(pa.large_binary())
+        for i, value in enumerate(binary.to_pylist()):
+            if value is not None:
+                try:
+                    value.decode()
+                except UnicodeDecodeError:
+                    kept[i] = False
+    return None if kept.all() else kept
 
 
 def open(  # noqa: A001

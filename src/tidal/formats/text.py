@@ -6,18 +6,22 @@ from typing import Any
 
 import numpy as np
 
-from tidal.errors import FormatError, RecordError
-from tidal.formats import Errors, Options, Piece
+from tidal.errors import RecordError, SchemaError
+from tidal.formats import Errors, Options, Piece, bad
 from tidal.formats.lines import LineReader, scan
 
 NAME = "text"
-__all__ = ["NAME", "open", "scan"]
+__all__ = ["NAME", "columns", "open", "scan"]
+
+
+def columns(info: dict) -> list[str]:
+    return ["text"]
 
 
 class TextReader:
     def __init__(self, path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors):
         if columns is not None and list(columns) != ["text"]:
-            raise FormatError(f"{path}: a text file has one column, 'text'; asked for {columns}")
+            raise SchemaError(f"{path}: a text file has one column, 'text'; asked for {columns}")
         self._lines = LineReader(path, compression, info)
         self._path = path
         self._errors = errors
@@ -34,8 +38,7 @@ class TextReader:
             try:
                 records.append({"text": data.decode()})
             except UnicodeDecodeError as exc:
-                if self._errors == "raise":
-                    raise RecordError(f"not UTF-8 text: {exc}", path=self._path, line=lines[i]) from None
+                bad(self._errors, RecordError(f"not UTF-8 text: {exc}", path=self._path, line=lines[i]))
                 valid[i] = False
         return Piece(records, valid)
 

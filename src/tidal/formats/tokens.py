@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from tidal.errors import FormatError
+from tidal.errors import FormatError, SchemaError
 from tidal.formats import Errors, Options, Piece, source
 from tidal.formats.binary import check_offsets, mapped, view
 
 NAME = "tokens"
-__all__ = ["NAME", "TokenShard", "TokenWriter", "open", "scan"]
+__all__ = ["NAME", "TokenShard", "TokenWriter", "columns", "open", "scan"]
 
 MAGIC = b"TIDALTOK"
 VERSION = 1
@@ -144,6 +144,10 @@ def _listed(path: str, file: str | None) -> dict | None:
     return None
 
 
+def columns(info: dict) -> list[str]:
+    return ["input_ids"]
+
+
 def open(  # noqa: A001
     path: str,
     compression: str | None,
@@ -153,7 +157,7 @@ def open(  # noqa: A001
     options: Options | None = None,
 ) -> TokenShard:
     if columns is not None and list(columns) != ["input_ids"]:
-        raise FormatError(f"{path}: a token shard has one column, 'input_ids'; asked for {columns}")
+        raise SchemaError(f"{path}: a token shard has one column, 'input_ids'; asked for {columns}")
     return TokenShard(path, source(path, info))
 
 

@@ -23,7 +23,11 @@ Scanning records the byte offset of each sample's first member, so a reader of a
 uncompressed tar seeks straight to the sample it wants. A ``.tar.gz``/``.tar.zst`` is read
 from its start instead (sequentially, which is how such shards are read anyway). A tar cut
 short (a member's data past the end of the file, a partial header, no end-of-archive
-blocks) is a :class:`~tidal.errors.FormatError` naming the file and the byte offset.
+blocks) is a :class:`~tidal.errors.FormatError` naming the file and the byte offset. A tar
+has a checksum on each header only; a compressed one is decompressed to its end when
+scanned, so its codec's checks (:mod:`tidal.formats.codecs`) cover every byte. A member
+that does not decode (bad UTF-8, JSON, ``.npy``) is a :class:`~tidal.errors.RecordError`
+naming the sample's row, for the ``errors`` policy.
 """
 
 from __future__ import annotations
@@ -34,15 +38,14 @@ import tarfile
 from typing import IO, Any
 
 import numpy as np
-from orjson import JSONDecodeError, loads
 
-from tidal.errors import FormatError, RecordError
-from tidal.formats import Errors, Options, Piece, source
+from tidal.errors import FormatError, RecordError, StorageError
+from tidal.formats import Errors, Options, Piece, _json, bad, data_errors, source
 from tidal.formats.binary import open_stream
-from tidal.formats.lines import open_binary
+from tidal.formats.codecs import open_stream as open_decompressed
 
 NAME = "webdataset"
-__all__ = ["NAME", "decode", "open", "scan"]
+__all__ = ["NAME", "columns", "decode", "open", "scan"]
 
 _BLOCK = 512
 
@@ -60,12 +63,27 @@ def decode(field: str, data: bytes) -> Any:
     if ext in ("txt", "text"):
         return data.decode()
     if ext == "json":
-        return loads(data)
+        return _json.loads(data)
     if ext in ("cls", "cls2", "index"):
         return int(data.decode().strip())
     if ext == "npy":
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        return _npy(data)
     return data
+
+
+def _npy(data: bytes) -> np.ndarray:
+    """A ``.npy`` member, its header checked against its size before anything is allocated."""
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if dtype.hasobject or need != len(data) - f.tell():
+        raise ValueError(f"a .npy of {dtype} {shape} in {len(data) - f.tell()} bytes of data")
+    f.seek(0)
+    return np.load(f, allow_pickle=False)
 
 
 def _members(path: str, tf: tarfile.TarFile, size: int | None) -> Any:
@@ -74,7 +92,9 @@ def _members(path: str, tf: tarfile.TarFile, size: int | None) -> Any:
         at = tf.offset
         try:
             m = tf.next()
-        except (tarfile.TarError, EOFError, OSError) as exc:
+        except (FormatError, StorageError):
+            raise
+        except data_errors() as exc:
             raise FormatError(f"{path}: truncated or corrupt tar at byte {at}: {exc}") from None
         if m is None:
             return
@@ -89,10 +109,13 @@ def _members(path: str, tf: tarfile.TarFile, size: int | None) -> Any:
 def _open_tar(path: str, src: Any, compression: str | None) -> tuple[tarfile.TarFile, IO[bytes]]:
     if compression is not None and not isinstance(src, str):
         raise FormatError(f"{path}: a compressed tar is read from a local file")
-    f = open_stream(path, src) if compression is None else open_binary(src, compression)
+    f = open_stream(path, src) if compression is None else open_decompressed(path, src, compression)
     try:
         return tarfile.open(fileobj=f, mode="r:" if compression is None else "r|"), f
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (FormatError, StorageError):
+        f.close()
+        raise
+    except data_errors() as exc:
         f.close()
         raise FormatError(f"{path}: not a readable tar: {exc}") from None
 
@@ -102,18 +125,39 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     size = os.path.getsize(src) if compression is None and isinstance(src, str) else None
     tf, f = _open_tar(path, src, compression)
     offsets: list[int] = []
+    fields: set[str] = set()
     key = None
     end = 0
     with f, tf:
         for m in _members(path, tf, size):
-            k, _ = split(m.name)
+            k, field = split(m.name)
             if k != key:
                 offsets.append(m.offset)
                 key = k
+            fields.add(field)
             end = m.offset_data + -(-m.size // _BLOCK) * _BLOCK
+        if compression is not None:
+            _drain(path, f)
     if size is not None and offsets and size - end < 2 * _BLOCK:
         raise FormatError(f"{path}: truncated tar at byte {size}: no end-of-archive blocks after the last member")
-    return {"rows": len(offsets), "offsets": offsets}
+    return {"rows": len(offsets), "offsets": offsets, "fields": sorted(fields)}
+
+
+def _drain(path: str, f: IO[bytes]) -> None:
+    """Read a compressed tar to its end, past the end-of-archive blocks the tar reader stops
+    at, so the codec checks its last bytes (gzip's CRC and length, zstd's frame end)."""
+    try:
+        while f.read(1 << 20):
+            pass
+    except (FormatError, StorageError):
+        raise
+    except data_errors() as exc:
+        raise FormatError(f"{path}: truncated or corrupt: {exc}") from None
+
+
+def columns(info: dict) -> list[str] | None:
+    """``__key__`` and every field some sample has (unknown in an index from before tidal kept them)."""
+    return ["__key__", *info["fields"]] if "fields" in info else None
 
 
 class TarReader:
@@ -146,7 +190,9 @@ class TarReader:
                     if len(out) > stop - start:
                         out.pop()
                         break
-        except tarfile.TarError as exc:
+        except (FormatError, StorageError):
+            raise
+        except data_errors() as exc:
             raise FormatError(f"{self.path}: corrupt tar at byte {self._offsets[start]}: {exc}") from None
         return out
 
@@ -155,7 +201,9 @@ class TarReader:
         try:
             member = tf.extractfile(m)
             data = member.read() if member is not None else b""
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except StorageError:
+            raise
+        except data_errors() as exc:
             raise FormatError(f"{self.path}: truncated or corrupt tar at byte {m.offset_data}: {exc}") from None
         if not out or out[-1][0] != key:
             out.append((key, {}))
@@ -163,14 +211,17 @@ class TarReader:
 
     def _pull(self) -> tuple[tarfile.TarInfo, bytes] | None:
         """The next member of a compressed tar's stream, with its data (streams must read it now)."""
-        assert self._tar is not None
+        assert self._tar is not None and self._file is not None
         m = next(self._iter, None)
-        if m is None:
+        if m is None:  # the last member: read on to the end, so the codec checks the last bytes too
+            _drain(self.path, self._file)
             return None
         try:
             f = self._tar.extractfile(m)
             return m, f.read() if f is not None else b""
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except (FormatError, StorageError):
+            raise
+        except data_errors() as exc:
             raise FormatError(f"{self.path}: truncated or corrupt tar at member {m.name!r}: {exc}") from None
 
     def _samples_stream(self, start: int, stop: int) -> list[tuple[str, dict[str, bytes]]]:
@@ -201,16 +252,24 @@ class TarReader:
         records: list[Any] = []
         valid: np.ndarray | None = None
         for i, (key, fields) in enumerate(samples):
-            try:
+            error: RecordError | None = None
+            missing = [c for c in self._columns or [] if c != "__key__" and c not in fields]
+            if missing:
+                error = RecordError(
+                    f"sample {key!r}: no field {missing[0]!r} (fields: {', '.join(sorted(fields))})",
+                    path=self.path,
+                    row=start + i,
+                    column=missing[0],
+                )
+            else:
                 if self._columns is not None:
-                    missing = [c for c in self._columns if c != "__key__" and c not in fields]
-                    if missing:
-                        raise ValueError(f"no field {missing[0]!r} (fields: {', '.join(sorted(fields))})")
                     fields = {c: fields[c] for c in self._columns if c != "__key__"}
-                rec = {"__key__": key, **{f: decode(f, d) for f, d in fields.items()}}
-            except (ValueError, JSONDecodeError, OSError, EOFError) as exc:  # UnicodeDecodeError is a ValueError
-                if self._errors == "raise":
-                    raise RecordError(f"sample {key!r}: {exc}", path=self.path, row=start + i) from None
+                try:
+                    rec = {"__key__": key, **{f: decode(f, d) for f, d in fields.items()}}
+                except data_errors() as exc:  # UnicodeDecodeError, orjson's JSONDecodeError: ValueErrors
+                    error = RecordError(f"sample {key!r}: {exc}", path=self.path, row=start + i)
+            if error is not None:
+                bad(self._errors, error)
                 if valid is None:
                     valid = np.ones(stop - start, dtype=bool)
                 valid[i] = False

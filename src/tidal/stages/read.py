@@ -1,7 +1,19 @@
-"""The source stage: one reader's share of each epoch, block by block, in epoch order."""
+"""The source stage: one reader's share of each epoch, block by block, in epoch order.
+
+Bad data meets the ``errors`` policy here (see :class:`_Policy`). Format readers hand each
+bad record, row group or segment to it and mark what they skipped; what a reader lets
+escape (a file that cannot be opened, or read to the rows asked for) is named by file and
+handed to the policy too, and under ``"skip"`` the slice read is skipped: counted, never
+silently short. Two things are errors under every policy, since skipping cannot fix them and
+would spin: a block in which no record has a column asked for (``columns=`` on JSON lines or
+WebDataset, which have no schema to check first), and an epoch of a reader's share in which
+every record was skipped.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -10,11 +22,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tidal.errors import ConfigError, StateError, TidalError
-from tidal.formats import Errors, Located, Reader, module
+from tidal.errors import ConfigError, FormatError, SchemaError, StateError, StorageError, TidalError
+from tidal.formats import Errors, Located, Piece, Reader, data_errors, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
 from tidal.stages import Context, Stage, StageIterator
+from tidal.stages.transform import reference
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.storage.config import Storage, public_source
@@ -26,6 +39,8 @@ if TYPE_CHECKING:
     from tidal.storage.prefetch import Prefetcher
 
 LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch
+
+log = logging.getLogger("tidal")
 
 
 @dataclass(frozen=True)
@@ -90,7 +105,7 @@ class Read(Stage):
             "src": src,
             "columns": list(p.columns) if p.columns is not None else None,
             "format": p.given["format"],
-            "errors": p.errors,
+            "errors": p.errors if isinstance(p.errors, str) else reference(p.errors, "errors="),
             "format_options": dict(p.options),
             "follow_links": p.given["follow_links"],
         }
@@ -106,6 +121,60 @@ class Read(Stage):
         if p.epochs != 1:
             steps.append({"repeat": {"epochs": p.epochs}})
         return {"source": {k: v for k, v in source.items() if v is not None and v != {}}, "steps": steps}
+
+
+class _Policy:
+    """One reader's ``errors`` policy: raises, or skips and remembers what it skipped.
+
+    Under ``"skip"`` each file with skipped data is logged once (logger ``tidal``, WARNING,
+    with the first error's location; the rest are counted in ``stats()``); a function is
+    given every error instead, and stops the reader by raising. Either way what is skipped
+    is counted, and the first few errors are kept for the message of a reader that skipped
+    everything.
+    """
+
+    KEEP = 3
+
+    def __init__(self, errors: Errors):
+        self.errors = errors
+        self.first: list[str] = []  # the first few errors skipped
+        self.logged: set[str] = set()
+        self.bad_files: set[str] = set()  # files with a part (not a record) unreadable
+        self.missing: dict[str, str] = {}  # columns= names missing from records of this block: first error
+        self.stopped: BaseException | None = None  # what the user's function raised
+
+    def for_file(self, path: str) -> _FilePolicy:
+        return _FilePolicy(self, path)
+
+    def __call__(self, path: str, error: TidalError) -> None:
+        if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
+            raise error
+        if callable(self.errors):
+            try:
+                self.errors(error)
+            except BaseException as exc:
+                self.stopped = exc
+                raise
+        if len(self.first) < self.KEEP:
+            self.first.append(str(error))
+        column = getattr(error, "column", None)
+        if column is not None:
+            self.missing.setdefault(column, str(error))
+        if isinstance(error, FormatError):
+            self.bad_files.add(path)
+        if self.errors == "skip" and path not in self.logged:  # a function logs if it wants to
+            self.logged.add(path)
+            log.warning("skipping bad data: %s [more in this file is counted in stats(), not logged]", error)
+
+
+class _FilePolicy:
+    """The policy as a format reader of one file calls it (``errors(error)``)."""
+
+    def __init__(self, policy: _Policy, path: str):
+        self._policy, self._path = policy, path
+
+    def __call__(self, error: TidalError) -> None:
+        self._policy(self._path, error)
 
 
 class _Block:
@@ -159,11 +228,16 @@ class ReadIterator(StageIterator):
         self._block: _Block | None = None
         self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
         self.skipped = 0  # bad records dropped under errors="skip"
+        self._policy = _Policy(plan.errors)
+        self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
+        # files the index could not read: counted by one reader, so counts add up over readers
+        self._unindexed = sum(s.error is not None for s in plan.shards) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
         self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
         total = plan.total
         if total == 0 and plan.epochs is None:
-            raise TidalError("the dataset has no records, so it cannot repeat forever")
+            files = ", ".join(s.path for s in plan.shards[:3]) + (", ..." if len(plan.shards) > 3 else "")
+            raise TidalError(f"the dataset has no records, so it cannot repeat forever (its files: {files})")
         if plan.epochs is None and not share(total, [], world.consumers, world.consumer, drop_remainder=False):
             raise TidalError(
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
@@ -179,9 +253,20 @@ class ReadIterator(StageIterator):
                 raise StateError(f"{position.where(k.EPOCH)}: epoch {self._epoch} is past the last epoch of the pass")
             self._offset = position.integer(k.OFFSET, hi=int(self._share(self._epoch)[1][-1]))
             self.passed = position.integer(k.PASSED)
+        self._kept = 0  # records yielded this epoch
+        self._whole_epoch = self._offset == 0  # whether this iterator saw the epoch from its start
 
     def stats(self) -> dict:
-        out: dict = {"rows_read": self.rows_read, "skipped": self.skipped, "passed": self.passed}
+        """``rows_read``; ``skipped``: records dropped as bad (their positions still count);
+        ``bad_files``: files dropped whole because the index could not read them (counted
+        by the first reader) or found truncated or corrupt while reading (by each reader
+        that found it); ``passed``; and the remote counters."""
+        out: dict = {
+            "rows_read": self.rows_read,
+            "skipped": self.skipped,
+            "bad_files": self._unindexed + len(self._policy.bad_files),
+            "passed": self.passed,
+        }
         if self._remote is not None:
             out.update(self._remote.stats.dict())
         return out
@@ -206,9 +291,11 @@ class ReadIterator(StageIterator):
         while True:
             intervals, ends = self._share(self._epoch)
             if self._offset >= ends[-1]:
+                self._check_epoch(int(ends[-1]))
                 if self._plan.epochs is not None and self._epoch + 1 >= self._first + self._plan.epochs:
                     raise StopIteration
                 self._epoch, self._offset = self._epoch + 1, 0
+                self._kept, self._whole_epoch = 0, True
                 continue
             j = int(np.searchsorted(ends, self._offset, side="right")) - 1
             start, end = intervals[j]
@@ -222,7 +309,21 @@ class ReadIterator(StageIterator):
             self._offset += base + nxt - pos
             self.passed += base + nxt - pos
             if last > first:
+                self._kept += last - first
                 return cut(block.table, first, last)
+
+    def _check_epoch(self, records: int) -> None:
+        """An epoch of this reader's share in which every record was skipped is an error: under
+        ``repeat()`` the reader would spin forever, finding nothing to yield."""
+        if not self._whole_epoch or records == 0 or self._kept > 0:
+            return
+        why = "; ".join(self._policy.first) or "no error recorded"
+        forever = " forever" if self._plan.epochs is None else ""
+        raise TidalError(
+            f"every one of the {records} records this reader read in epoch {self._epoch} was skipped as bad "
+            f"(errors={self._policy.errors!r}), so it would yield nothing{forever}. The first: {why}. "
+            "Check format= and columns=, and the files"
+        )
 
     def _epoch_order(self) -> EpochOrder:
         if self._order is None or self._order.epoch != self._epoch:
@@ -254,19 +355,27 @@ class ReadIterator(StageIterator):
                 remote.release(i)
             remote.ahead(now, later)
         tables, masks, any_skipped = [], [], False
+        self._policy.missing.clear()
         for shard, a, z in slices:
-            piece = self._reader(shard).read(a, z)
+            piece = self._read(shard, a, z)
             self.rows_read += z - a
             if piece.valid is not None:
                 self.skipped += int((~piece.valid).sum())
-            tables.append(piece.table)
+            if piece.valid is None or piece.valid.any():
+                tables.append(piece.table)
             masks.append(np.ones(z - a, dtype=bool) if piece.valid is None else piece.valid)
             any_skipped |= piece.valid is not None
-        table = concat(tables)
+        table = concat(tables) if tables else []
         perm = order.permutation(b)
         valid_before = None
         if any_skipped:
             valid = np.concatenate(masks)
+            if self._policy.missing and not valid.any():
+                column, first = next(iter(self._policy.missing.items()))
+                raise SchemaError(
+                    f"no record of a block of {len(valid)} has the column {column!r} asked for with columns= "
+                    f"(the first: {first}); errors='skip' is for bad records, not for a column the data lacks"
+                )
             kept_index = np.cumsum(valid) - 1  # row in ``table`` of each kept position
             if perm is not None:
                 valid = valid[perm]
@@ -276,6 +385,52 @@ class ReadIterator(StageIterator):
             table = take(table, perm)
         self._block_index, self._block = b, _Block(table, valid_before)
         return self._block
+
+    def _read(self, index: int, a: int, z: int) -> Piece:
+        """Rows ``[a, z)`` of shard ``index``; what its reader cannot read goes to the policy."""
+        path = redact_urls(self._plan.shards[index].path)  # as its reader names it
+        if index in self._broken:  # could not be opened: handed to the policy once, skipped since
+            return Piece([], np.zeros(z - a, dtype=bool))
+        opened = False
+        try:
+            reader = self._reader(index)
+            opened = True
+            return reader.read(a, z)
+        except Exception as exc:
+            error = self._unreadable(path, exc)
+            self._drop(index)
+            if not opened:
+                self._broken[index] = error
+            self._policy(path, error)  # raises unless the policy skips it
+            return Piece([], np.zeros(z - a, dtype=bool))
+
+    def _unreadable(self, path: str, exc: Exception) -> TidalError:
+        """What a reader raised, as a FormatError naming the file; re-raised as it is where no
+        policy may skip it (the network, a schema, the user's own stop, a record under "raise")."""
+        policy = self._policy
+        if exc is policy.stopped or isinstance(exc, (SchemaError, StorageError, StateError)):
+            raise exc
+        if isinstance(exc, TidalError):
+            if policy.errors == "raise":
+                raise exc
+            return exc
+        if not isinstance(exc, data_errors()):
+            raise exc  # not bad data: a bug, which no policy hides
+        error = FormatError(f"{path}: unreadable ({type(exc).__name__}): {exc}")
+        if policy.errors == "raise":
+            raise error from exc
+        return error
+
+    def _drop(self, index: int) -> None:
+        """Close shard ``index``'s reader after a failure: a later read opens it afresh."""
+        reader = self._readers.pop(index, None)
+        if reader is None:
+            return
+        with contextlib.suppress(Exception):  # a reader that failed: its error is the one that matters
+            reader.close()
+        remote = self._prefetcher()
+        if remote is not None and remote.is_remote(index):
+            remote.release(index)
 
     def _reader(self, index: int) -> Reader:
         reader = self._readers.get(index)
@@ -288,7 +443,8 @@ class ReadIterator(StageIterator):
                 name = redact_urls(shard.path)  # errors name the shard, never a signed URL's query
             try:
                 fmt = module(shard.format)
-                reader = fmt.open(name, shard.compression, info, columns, self._plan.errors, self._plan.options)
+                errors = self._policy.for_file(name)
+                reader = fmt.open(name, shard.compression, info, columns, errors, self._plan.options)
             except BaseException:
                 if remote is not None:
                     remote.release(index)

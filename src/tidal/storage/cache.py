@@ -65,6 +65,7 @@ LOW_WATER = 0.9  # a scan that must evict evicts down to this share of the limit
 _META_SLACK = 4096  # a .meta file on disk
 _DIR_SHARE = 4096  # what an entry's six names may add to its directory: at most a block
 _HASH_TRIES = 3  # downloads of one entry that may fail their size or hash check
+DISK_FULL_WAIT = 5.0  # seconds a reader waits for held entries to go before a full disk is an error
 DIR_MODE = 0o755  # never group- or world-writable, whatever the umask
 FILE_MODE = 0o644
 
@@ -354,6 +355,7 @@ class Cache:
         force = wait > 0
         url = redact(entry.url)
         deadline = time.monotonic() + wait
+        full_until = time.monotonic() + min(wait, DISK_FULL_WAIT)
         pause = 0.05
         while True:
             with self._space() as ledger:
@@ -368,10 +370,12 @@ class Cache:
                             continue
                         if not force:
                             return False
-                        raise StorageError(
-                            f"{url}: {_write_error(self.root, exc)}; nothing in the cache can be evicted",
-                            url=url,
-                        ) from None
+                        if time.monotonic() >= full_until:
+                            raise StorageError(
+                                f"{url}: {_write_error(self.root, exc)}; nothing in the cache can be evicted",
+                                url=url,
+                            ) from None
+                        break  # held entries may be let go in a moment (a reader closing): try again
                     ledger.add(need)
                     return True
                 if force and self.fixed() + reserved + need > self.limit:

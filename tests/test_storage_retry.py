@@ -48,6 +48,8 @@ def wrapped(inner: BaseException, outer: BaseException) -> BaseException:
         wrapped(ClientError("SlowDown", 503), OSError(16, "Please reduce your request rate")),
         Exception("Server returned non-2xx status code: 503 Service Unavailable"),
         Exception("HTTP error: request or response body error"),
+        # obstore, when the server is down: the duration is not a status code
+        Exception("Generic S3 error: Error performing GET http://127.0.0.1:43115/b/k in 400.771µs - HTTP error: error sending request"),
     ],
 )
 def test_transient_errors_are_retried(exc: BaseException) -> None:
@@ -63,6 +65,7 @@ def test_transient_errors_are_retried(exc: BaseException) -> None:
         ClientError("AccessDenied", 403),
         wrapped(ClientError("NoSuchKey", 404), FileNotFoundError("b/k")),
         ValueError("bad argument"),
+        Exception("Error performing GET http://127.0.0.1:9/b/k in 503.2ms - Server returned non-2xx status code: 403."),
     ],
 )
 def test_permanent_errors_are_not(exc: BaseException) -> None:

@@ -79,13 +79,14 @@ _TRANSIENT_CODES = {
 _PERMANENT_CODES = {"NoSuchKey", "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "404"}
 # last resort, for clients that only say it in words (obstore, gcsfs, adlfs)
 _TRANSIENT_TEXT = re.compile(
-    r"\b(?:429|500|502|503|504)\b|SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|timed? ?out|[Tt]imeout"
+    r"(?<![\d.])(?:429|500|502|503|504)(?!\.?\d|\s*[µm]?s\b)|SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|timed? ?out|[Tt]imeout"
     r"|reset by peer|[Cc]onnection (?:reset|closed|aborted|refused)|[Bb]roken pipe|temporarily unavailable"
     r"|[Ss]ervice [Uu]navailable|error sending request|error decoding response body|IncompleteRead"
     r"|end of file before message length|[Pp]ayload|body error|UnexpectedEof|IncompleteBody|Interrupted"
     r"|error trying to connect|[Cc]onnection error"
 )
-_PERMANENT_TEXT = re.compile(r"\b(?:400|401|403|404|416)\b|[Nn]ot [Ff]ound|NoSuchKey|AccessDenied|[Ff]orbidden")
+# a status code, not a duration: obstore writes "in 400.771µs"
+_PERMANENT_TEXT = re.compile(r"(?<![\d.])(?:400|401|403|404|416)(?!\.?\d|\s*[µm]?s\b)|[Nn]ot [Ff]ound|NoSuchKey|AccessDenied|[Ff]orbidden")
 
 
 class Truncated(OSError):

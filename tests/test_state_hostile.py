@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,19 @@ def test_a_hostile_position_names_its_key_from_inside_a_worker(
     resumed.load_state_dict(state)
     with pytest.raises(tidal.StateError, match=message):
         next(iter(resumed))
+
+
+def test_the_workers_of_a_loader_that_raised_are_stopped_with_the_error(data: Path) -> None:
+    loader = tidal.DataLoader(dataset(data), num_workers=2)
+    list(itertools.islice(loader, 5))
+    resumed = tidal.DataLoader(dataset(data), num_workers=2)
+    resumed.load_state_dict(changed(loader.state_dict(), [*W0, "position", "epoch"], 9))
+    before = set(multiprocessing.active_children())
+    it = iter(resumed)
+    assert set(multiprocessing.active_children()) > before  # its workers run
+    with pytest.raises(tidal.StateError):
+        next(it)
+    assert set(multiprocessing.active_children()) <= before  # not left to a garbage collection
 
 
 def test_a_hostile_mixture_position_names_the_stream(data: Path) -> None:

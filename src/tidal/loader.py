@@ -474,6 +474,9 @@ class DataLoader(torch.utils.data.DataLoader):
                 if self._log_every is not None and asked - self._logged >= self._log_every:
                     self._logged = asked
                     _log.info("%s", describe(self.stats()))
+        except BaseException:  # an error, or the loop dropped this iterator: nothing will read on
+            self._stop_workers(bundles)
+            raise
         finally:
             try:
                 if isinstance(source, Ahead):
@@ -487,6 +490,16 @@ class DataLoader(torch.utils.data.DataLoader):
                 pass
         self._pass, self._origin, self._local = self._pass + 1, None, schema.fresh_rank(self._workers)
         self._undo.clear()
+
+    def _stop_workers(self, bundles: Iterator[Bundle]) -> None:
+        """Stop torch's worker processes now. Left to torch's ``__del__``, an iterator caught in a
+        reference cycle (an exception's traceback holds it) is collected after its queues were
+        closed, and each worker then waits out torch's 5 s join instead of being told to stop."""
+        stop = getattr(bundles, "_shutdown_workers", None)
+        if stop is not None:
+            stop()
+        if getattr(self, "_iterator", None) is bundles:  # persistent workers: start afresh next time
+            self._iterator = None
 
     def _make(
         self, bundles: Iterator[Bundle], n: int, start: int, device: torch.device | None

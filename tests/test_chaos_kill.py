@@ -14,6 +14,7 @@ epoch); over an unfinished one, never more often.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -26,11 +27,11 @@ from procs import Command, ProcessFailed, Tree, child_env, torchrun_argv
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).parent / "distributed" / "run_train.py"
-CYCLES = 50
+CYCLES = int(os.environ.get("TIDAL_CHAOS_CYCLES", "20"))  # docs/reliability.md quotes a run of 50 too
 TOPOLOGIES = [2, 2, 1, 2, 3, 2]  # ranks per cycle: every other resume is on another world size
 EPOCHS = 2  # as in run_train.py
 MAX_READERS = 3 * 2
-SIZES = [60, 45, 80, 33, 70, 52, 90, 25, 65, 40]  # 560 records
+SIZES = [30, 22, 40, 17, 35, 26, 45, 13, 32, 20]  # 280 records: a job ends after about 9 cycles
 
 
 def audit(job: Path, cycle: int) -> list[dict]:
@@ -61,7 +62,7 @@ def consumed(job: Path, cycles: list[int], finished: bool) -> Counter[int]:
     return ids
 
 
-@pytest.mark.timeout(1200)  # 50 torchrun starts: a few minutes on 2 cores
+@pytest.mark.timeout(1200)  # 20 torchrun starts: a minute or two on 2 cores
 def test_sigkill_at_random_points_loses_and_repeats_nothing(tmp_path: Path) -> None:
     data = make_shards(tmp_path / "data", SIZES)
     total = sum(SIZES)

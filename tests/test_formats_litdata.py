@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +32,10 @@ def tokens(i: int):
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     from litdata.streaming.item_loader import TokensLoader
+
+    method = multiprocessing.get_start_method(allow_none=True)
 
     root = tmp_path_factory.mktemp("lit")
     out = {"plain": root / "plain", "mixed": root / "mixed", "tokens": root / "tokens"}
@@ -39,7 +43,9 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     litdata.optimize(fn=mixed, inputs=list(range(14)), output_dir=str(out["mixed"]), chunk_size=4, num_workers=1)
     litdata.optimize(fn=tokens, inputs=list(range(12)), output_dir=str(out["tokens"]), chunk_size=40, num_workers=1,
                      item_loader=TokensLoader())  # fmt: skip
-    return out
+    # optimize() sets the process's start method to spawn, for every later test's DataLoader workers
+    multiprocessing.set_start_method(method, force=True)
+    yield out
 
 
 def test_plain_records_read_back_through_the_arrow_footer(dirs: dict[str, Path]) -> None:

@@ -49,7 +49,9 @@ def wrapped(inner: BaseException, outer: BaseException) -> BaseException:
         Exception("Server returned non-2xx status code: 503 Service Unavailable"),
         Exception("HTTP error: request or response body error"),
         # obstore, when the server is down: the duration is not a status code
-        Exception("Generic S3 error: Error performing GET http://127.0.0.1:43115/b/k in 400.771µs - HTTP error: error sending request"),
+        Exception(
+            "Generic S3 error: Error performing GET http://127.0.0.1:43115/b/k in 400.771µs - HTTP error: error sending request"
+        ),
     ],
 )
 def test_transient_errors_are_retried(exc: BaseException) -> None:

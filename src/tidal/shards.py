@@ -111,16 +111,19 @@ def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
         if "**" in path:  # searched by the same walk as a directory: links checked, cycles cut
             pattern = _glob_pattern(path[len(root) :].lstrip(os.sep))
             rel = len(root.rstrip(os.sep)) + 1
-            matches = [p for p in _walk(root, follow_links) if pattern.fullmatch(p[rel:])]
-            matches = [p for p in matches if _inside(p, root, follow_links)]
+            matches = [(p, real) for p, real in _walk(root, follow_links) if pattern.fullmatch(p[rel:])]
         else:
-            matches = [p for p in glob.glob(path) if os.path.isfile(p) and _inside(p, root, follow_links)]
-        found = _once(sorted(p for p in matches if not os.path.basename(p).startswith(".")))
+            reals = _Reals()
+            matches = [(p, reals(p)) for p in glob.glob(path) if os.path.isfile(p)]
+        kept = [(p, real) for p, real in matches if not os.path.basename(p).startswith(".")]
+        real_root = os.path.realpath(root)
+        found = _once(sorted(m for m in kept if _inside(*m, root, real_root, follow_links)))
         if not found:
             raise SourceError(f"{entry}: the pattern matches no file")
     elif os.path.isdir(path):
-        names = (p for p in _walk(path, follow_links) if not os.path.basename(p).startswith((".", "_")))
-        found = _once(sorted(p for p in names if known_ending(p) and _inside(p, path, follow_links)))
+        names = ((p, real) for p, real in _walk(path, follow_links) if not os.path.basename(p).startswith((".", "_")))
+        real_root = os.path.realpath(path)
+        found = _once(sorted(m for m in names if known_ending(m[0]) and _inside(*m, path, real_root, follow_links)))
         if not found:
             raise SourceError(f"{entry}: the directory holds no file tidal can read")
     elif os.path.isfile(path):
@@ -130,23 +133,50 @@ def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
     return found
 
 
-def _walk(root: str, follow_links: bool) -> Iterator[str]:
-    """Every file under ``root``, through linked directories too, each directory once; a linked
-    directory out of ``root`` refused (:func:`_inside`); directories named ``.*`` skipped."""
-    seen = {os.path.realpath(root)}
-    for d, dirs, names in os.walk(root, followlinks=True):
-        kept = []
-        for x in dirs:
-            sub = os.path.join(d, x)
-            if x.startswith(".") or not _inside(sub, root, follow_links):
-                continue
-            real = os.path.realpath(sub)
-            if real not in seen:  # a second name for a directory, or a link back up the tree
-                seen.add(real)
-                kept.append(x)
-        dirs[:] = kept
-        for f in names:
-            yield os.path.join(d, f)
+class _Reals:
+    """Real paths, one ``lstat`` for a file that is no link: the real path of its directory is
+    looked up once per directory (``os.path.realpath`` costs a system call per path component,
+    and a listing may hold a million files)."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        if os.path.islink(path):
+            return os.path.realpath(path)
+        d, name = os.path.split(path)
+        real = self._dirs.get(d)
+        if real is None:
+            real = self._dirs[d] = os.path.realpath(d)
+        return os.path.join(real, name)
+
+
+def _walk(root: str, follow_links: bool) -> Iterator[tuple[str, str]]:
+    """``(path, real path)`` of every file under ``root``, through linked directories too, each
+    directory once; a linked directory out of ``root`` refused (:func:`_inside`); directories
+    named ``.*`` skipped. Only links cost a ``realpath``: a plain entry's real path is its
+    directory's and its name."""
+    real_root = os.path.realpath(root)
+    seen = {real_root}
+    todo = [(root, real_root)]
+    while todo:
+        d, real_d = todo.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError as exc:
+            raise SourceError(f"{d}: cannot list the directory: {exc.strerror or exc}") from exc
+        for e in entries:
+            link = e.is_symlink()
+            real = os.path.realpath(e.path) if link else os.path.join(real_d, e.name)
+            if e.is_dir():  # follows a link
+                if e.name.startswith(".") or not _inside(e.path, real, root, real_root, follow_links):
+                    continue
+                if real not in seen:  # a second name for a directory, or a link back up the tree
+                    seen.add(real)
+                    todo.append((e.path, real))
+            else:
+                yield e.path, real
 
 
 def _glob_pattern(pattern: str) -> re.Pattern[str]:
@@ -178,13 +208,12 @@ def _glob_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-def _once(paths: list[str]) -> list[str]:
+def _once(found: list[tuple[str, str]]) -> list[str]:
     """Each file once, under the first of its names: a file reached through two links (or a
-    linked directory) is one shard, whichever way it was listed."""
+    linked directory) is one shard, whichever way it was listed. ``found``: (path, real path)."""
     seen: set[str] = set()
     out = []
-    for p in paths:
-        real = os.path.realpath(p)
+    for p, real in found:
         if real not in seen:
             seen.add(real)
             out.append(p)
@@ -198,9 +227,9 @@ def _glob_root(pattern: str) -> str:
     return os.sep.join(parts[:fixed]) or os.sep
 
 
-def _inside(path: str, root: str, follow_links: bool) -> bool:
-    """True when ``path`` resolves inside ``root``; a link out of it is an error unless followed."""
-    real, real_root = os.path.realpath(path), os.path.realpath(root)
+def _inside(path: str, real: str, root: str, real_root: str, follow_links: bool) -> bool:
+    """True when ``path`` (whose real path is ``real``) is inside ``root`` (``real_root``); a link
+    out of it is an error unless followed."""
     if follow_links or real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
         return True
     raise SourceError(

@@ -86,7 +86,9 @@ _TRANSIENT_TEXT = re.compile(
     r"|error trying to connect|[Cc]onnection error"
 )
 # a status code, not a duration: obstore writes "in 400.771µs"
-_PERMANENT_TEXT = re.compile(r"(?<![\d.])(?:400|401|403|404|416)(?!\.?\d|\s*[µm]?s\b)|[Nn]ot [Ff]ound|NoSuchKey|AccessDenied|[Ff]orbidden")
+_PERMANENT_TEXT = re.compile(
+    r"(?<![\d.])(?:400|401|403|404|416)(?!\.?\d|\s*[µm]?s\b)|[Nn]ot [Ff]ound|NoSuchKey|AccessDenied|[Ff]orbidden"
+)
 
 
 class Truncated(OSError):

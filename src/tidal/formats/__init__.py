@@ -140,6 +140,9 @@ def formats() -> list[str]:
 
 def known_ending(path: str, exists: Callable[[str], bool] | None = None) -> bool:
     """Whether a directory listing should keep ``path`` (its full path: siblings can decide)."""
+    ending = os.path.splitext(path)[1].lower()
+    if ending in _ENDINGS and ending not in _CLAIMS and os.path.basename(path).lower() != _MANIFEST:
+        return True  # what detect() says, without its work: a listing may hold a million files
     try:
         detect(path, exists=exists)
     except FormatError:

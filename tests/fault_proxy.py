@@ -36,6 +36,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 if request is None:
                     return
                 method, target, headers, body = request
+                start = time.monotonic()
                 fault = proxy._next_fault(method, target, headers)
                 if fault == "reset":
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -93,6 +95,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 upstream.endheaders(body or None)
                 resp = upstream.getresponse()
                 data = resp.read()
+                if proxy.slow_s is not None and time.monotonic() - start > proxy.slow_s:
+                    proxy._count_slow()  # the client may have given up on it: a retry no fault caused
                 out = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP]
                 if method == "HEAD":
                     out += [(k, v) for k, v in resp.getheaders() if k.lower() == "content-length"]
@@ -147,7 +151,9 @@ class FaultProxy:
     """A proxy on ``127.0.0.1:<free port>`` to ``upstream`` that breaks every ``every``-th request.
 
     ``every=0`` forwards everything. ``faults`` counts the faults injected by kind,
-    ``requests`` the requests counted (every one, or those ``only`` accepts).
+    ``requests`` the requests counted (every one, or those ``only`` accepts), ``slow`` the
+    requests the server took longer than ``slow_s`` to answer (on a loaded machine, a client
+    with a timeout near it retries some of them though no fault was injected).
     """
 
     def __init__(
@@ -161,6 +167,7 @@ class FaultProxy:
         rate: float = 0.0,
         seed: int = 0,
         burst: int = 1,
+        slow_s: float | None = None,
     ):
         unknown = set(kinds) - set(KINDS)
         if unknown:
@@ -172,6 +179,7 @@ class FaultProxy:
         self._burst: list[str] = []  # the rest of a burst under way
         self.faults: Counter[str] = Counter()
         self.requests = 0
+        self.slow_s, self.slow = slow_s, 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._open: set[socket.socket] = set()
@@ -204,6 +212,10 @@ class FaultProxy:
                 kind = "reset"  # a HEAD has no body to cut
             self.faults[kind] += 1
             return kind
+
+    def _count_slow(self) -> None:
+        with self._lock:
+            self.slow += 1
 
     def _track(self, sock: socket.socket, add: bool) -> None:
         with self._lock:

@@ -76,7 +76,7 @@ def test_an_epoch_completes_exactly_once_through_random_network_faults(
     shutil.rmtree(cache / "shards")
     largest = max(p.stat().st_size for p in data.iterdir())
     limit = Cache(cache, 0).fixed() + 4096 + 5 * footprint(largest)  # five shards: evictions, prefetch held back
-    with FaultProxy(("127.0.0.1", s3.port), rate=0.15, seed=2024, burst=2, stall_s=1.5) as proxy:
+    with FaultProxy(("127.0.0.1", s3.port), rate=0.15, seed=2024, burst=2, stall_s=1.5, slow_s=0.1) as proxy:
         settings = storage(
             proxy.endpoint, cache, timeout=0.5, part_size=500, parallel=3, cache_limit=limit, backend=backend
         )
@@ -85,13 +85,14 @@ def test_an_epoch_completes_exactly_once_through_random_network_faults(
     assert got == local_ids(data, EPOCHS)  # each record once per epoch, in order
     stats = it.stats()
     faults = dict(proxy.faults)
-    print(f"\n[chaos {backend}] {proxy.requests} requests, faults {faults}, stats {stats}")
+    print(f"\n[chaos {backend}] {proxy.requests} requests ({proxy.slow} slow), faults {faults}, stats {stats}")
     assert set(faults) == {"reset", "503", "429", "stall", "truncate"}
     # each fault cost one try, and tidal counted it; but the HTTP client itself tries again, once and
     # uncounted, a request whose kept-alive connection was reset before it answered: aiohttp under
     # s3fs, hyper under obstore (its pool retries a request the closed connection never took)
     uncounted = faults["reset"]
-    assert sum(faults.values()) - uncounted <= stats["retries"] <= sum(faults.values())
+    # and a loaded machine can answer a request later than the client's 0.5 s timeout: a retry no fault caused
+    assert sum(faults.values()) - uncounted <= stats["retries"] <= sum(faults.values()) + proxy.slow
     assert stats["evictions"] > 0
 
 

@@ -475,14 +475,11 @@ class DataLoader(torch.utils.data.DataLoader):
                     self._logged = asked
                     _log.info("%s", describe(self.stats()))
         except BaseException:  # an error, or the loop dropped this iterator: nothing will read on
+            _close(source)  # first the thread that reads from the workers: it would wait on them forever
             self._stop_workers(bundles)
             raise
         finally:
-            try:
-                if isinstance(source, Ahead):
-                    source.close()
-            except Exception:
-                pass
+            _close(source)
         if not stopped:
             if together:
                 _every_rank_has(False)  # the step the others are asking about
@@ -537,6 +534,15 @@ def _pinned(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _pinned(v) for key, v in value.items()}
     return value
+
+
+def _close(source: Iterator[Any]) -> None:
+    """Stop a read-ahead thread (again: closing twice is nothing)."""
+    try:
+        if isinstance(source, Ahead):
+            source.close()
+    except Exception:
+        pass
 
 
 def _arrived(item: Any, copied: Any, device: torch.device | None) -> Any:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -120,6 +122,22 @@ def test_prefetch_to_device_changes_no_batch_and_no_state(data: Path) -> None:
     resumed = tidal.DataLoader(ds, num_workers=2, device="cpu", prefetch_to_device=3)
     resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
     assert ids(head + list(resumed)) == ids(plain)
+
+
+def slowly(record: dict) -> dict:
+    time.sleep(0.02)  # the read-ahead thread spends its time waiting on the workers
+    return record
+
+
+def test_a_loop_that_breaks_off_stops_the_read_ahead_thread_and_the_workers(data: Path) -> None:
+    ds = tidal.Dataset(data).map(slowly).batch(2)
+    before = set(multiprocessing.active_children())
+    for _ in range(3):
+        loader = tidal.DataLoader(ds, num_workers=2, device="cpu", prefetch_to_device=2)
+        it = iter(loader)
+        assert len(list(itertools.islice(it, 2))) == 2
+        it.close()  # what dropping it does; stopped the workers first, the thread waited on them for ever
+        assert set(multiprocessing.active_children()) <= before
 
 
 def test_a_same_topology_restore_after_an_elastic_one_continues_exactly(data: Path) -> None:

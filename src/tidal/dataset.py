@@ -18,7 +18,8 @@ from typing import Any
 from tidal.formats import Errors, check_columns, check_errors, check_options
 from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
-from tidal.shards import Shard, index, listing
+from tidal.listing import listing
+from tidal.shards import Shard, index
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Mix, Schedule

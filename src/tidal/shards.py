@@ -1,4 +1,5 @@
-"""Shards and their index: which files a dataset has, and how many records each holds.
+"""Shards and their index: how many records each file of a dataset holds (the files come from
+:mod:`tidal.listing`).
 
 Counting records means reading every line of a JSON or text file, so the counts are kept in
 an index built once and reused: ``.tidal-index.json`` in the dataset's root directory when
@@ -25,14 +26,12 @@ of whose files can be read is an error under every policy.
 from __future__ import annotations
 
 import fcntl
-import glob
 import hashlib
 import inspect
 import json
 import logging
 import os
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,12 +39,12 @@ from typing import Any
 
 from tidal import env
 from tidal.errors import FormatError, SourceError, StorageError, TidalError
-from tidal.formats import Errors, bad, check_schemas, data_errors, detect, known_ending, module
+from tidal.formats import Errors, bad, check_schemas, data_errors, detect, module
 from tidal.storage.cache import mkdirs
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact_urls
-from tidal.storage.urls import local_path, protocol, url_root
+from tidal.storage.urls import protocol, url_root
 
 INDEX_NAME = ".tidal-index.json"
 _INDEX_VERSION = 1
@@ -66,178 +65,6 @@ class Shard:
     version: str | None = field(default=None, compare=False, repr=False)  # a remote file's ETag or mtime
     hash: str | None = field(default=None, compare=False, repr=False)  # "sha256:<hex>": checked on download
     error: str | None = field(default=None, compare=False, repr=False)  # why its scan failed (then rows == 0)
-
-
-def resolve(src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None) -> list[str]:
-    """The files a source names, in a stable order: each entry's files sorted, entries in the order given."""
-    return list(listing(src, storage))
-
-
-def listing(
-    src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None, follow_links: bool = False
-) -> dict[str, FileStat | None]:
-    """The files a source names, as :func:`resolve`, with what a remote listing said of each (None when local).
-
-    A directory or a glob is a *root*: a symbolic link found under it (a file, or a directory,
-    which is searched like any other) is read when it points inside the root, and refused,
-    naming it, when it leads outside, unless ``follow_links``. A file named on its own is read
-    wherever it points: naming it is the choice.
-    """
-    entries = [src] if isinstance(src, (str, os.PathLike)) else list(src)
-    if not entries:
-        raise SourceError("no source given: pass a file, directory, glob or a list of them")
-    files: dict[str, FileStat | None] = {}
-    remotes: dict[str, Remote] = {}
-    for entry in entries:
-        proto = protocol(entry)
-        found: dict[str, FileStat | None]
-        if proto is not None:
-            if proto not in remotes:
-                remotes[proto] = Remote(proto, storage or Storage())
-            found = dict(remotes[proto].expand(os.fspath(entry), keep=known_ending))
-        else:
-            found = dict.fromkeys(_local_files(entry, follow_links))
-        for f in found:
-            if f in files:
-                raise SourceError(f"{f} is named twice in the source")
-        files.update(found)
-    return files
-
-
-def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
-    path = os.path.abspath(os.path.expanduser(local_path(entry)))
-    if glob.has_magic(path):
-        root = _glob_root(path)
-        if "**" in path:  # searched by the same walk as a directory: links checked, cycles cut
-            pattern = _glob_pattern(path[len(root) :].lstrip(os.sep))
-            rel = len(root.rstrip(os.sep)) + 1
-            matches = [(p, real) for p, real in _walk(root, follow_links) if pattern.fullmatch(p[rel:])]
-        else:
-            reals = _Reals()
-            matches = [(p, reals(p)) for p in glob.glob(path) if os.path.isfile(p)]
-        kept = [(p, real) for p, real in matches if not os.path.basename(p).startswith(".")]
-        real_root = os.path.realpath(root)
-        found = _once(sorted(m for m in kept if _inside(*m, root, real_root, follow_links)))
-        if not found:
-            raise SourceError(f"{entry}: the pattern matches no file")
-    elif os.path.isdir(path):
-        names = (
-            (p, real) for p, real in _walk(path, follow_links) if not p[p.rfind(os.sep) + 1 :].startswith((".", "_"))
-        )
-        real_root = os.path.realpath(path)
-        found = _once(sorted(m for m in names if known_ending(m[0]) and _inside(*m, path, real_root, follow_links)))
-        if not found:
-            raise SourceError(f"{entry}: the directory holds no file tidal can read")
-    elif os.path.isfile(path):
-        found = [path]
-    else:
-        raise SourceError(f"{entry}: no such file or directory")
-    return found
-
-
-class _Reals:
-    """Real paths, one ``lstat`` for a file that is no link: the real path of its directory is
-    looked up once per directory (``os.path.realpath`` costs a system call per path component,
-    and a listing may hold a million files)."""
-
-    def __init__(self) -> None:
-        self._dirs: dict[str, str] = {}
-
-    def __call__(self, path: str) -> str:
-        if os.path.islink(path):
-            return os.path.realpath(path)
-        d, name = os.path.split(path)
-        real = self._dirs.get(d)
-        if real is None:
-            real = self._dirs[d] = os.path.realpath(d)
-        return os.path.join(real, name)
-
-
-def _walk(root: str, follow_links: bool) -> Iterator[tuple[str, str]]:
-    """``(path, real path)`` of every file under ``root``, through linked directories too, each
-    directory once; a linked directory out of ``root`` refused (:func:`_inside`); directories
-    named ``.*`` skipped. Only links cost a ``realpath``: a plain entry's real path is its
-    directory's and its name."""
-    real_root = os.path.realpath(root)
-    seen = {real_root}
-    todo = [(root, real_root)]
-    while todo:
-        d, real_d = todo.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = list(it)
-        except OSError as exc:
-            raise SourceError(f"{d}: cannot list the directory: {exc.strerror or exc}") from exc
-        for e in entries:
-            link = e.is_symlink()
-            real = os.path.realpath(e.path) if link else os.path.join(real_d, e.name)
-            if e.is_dir():  # follows a link
-                if e.name.startswith(".") or not _inside(e.path, real, root, real_root, follow_links):
-                    continue
-                if real not in seen:  # a second name for a directory, or a link back up the tree
-                    seen.add(real)
-                    todo.append((e.path, real))
-            else:
-                yield e.path, real
-
-
-def _glob_pattern(pattern: str) -> re.Pattern[str]:
-    """A glob below its root as a regex: ``**`` any directories, ``*`` and ``?`` within a name."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**" + os.sep, i):
-            out.append(f"(?:[^{os.sep}]+{os.sep})*")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if c == "*":
-            out.append(f"[^{os.sep}]*")
-        elif c == "?":
-            out.append(f"[^{os.sep}]")
-        elif c == "[" and "]" in pattern[i + 1 :]:
-            j = pattern.index("]", i + 2) if pattern[i + 1 : i + 2] == "]" else pattern.index("]", i + 1)
-            body = pattern[i + 1 : j]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = j + 1
-            continue
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out))
-
-
-def _once(found: list[tuple[str, str]]) -> list[str]:
-    """Each file once, under the first of its names: a file reached through two links (or a
-    linked directory) is one shard, whichever way it was listed. ``found``: (path, real path)."""
-    seen: set[str] = set()
-    out = []
-    for p, real in found:
-        if real not in seen:
-            seen.add(real)
-            out.append(p)
-    return out
-
-
-def _glob_root(pattern: str) -> str:
-    """The directory a glob searches under: its longest leading part without a wildcard."""
-    parts = pattern.split(os.sep)
-    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
-    return os.sep.join(parts[:fixed]) or os.sep
-
-
-def _inside(path: str, real: str, root: str, real_root: str, follow_links: bool) -> bool:
-    """True when ``path`` (whose real path is ``real``) is inside ``root`` (``real_root``); a link
-    out of it is an error unless followed."""
-    if follow_links or real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
-        return True
-    raise SourceError(
-        f"{path}: a symbolic link to {real}, outside the dataset's root {root}; "
-        "pass follow_links=True to read what links outside the root"
-    )
 
 
 def index(

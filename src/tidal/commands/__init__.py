@@ -137,7 +137,8 @@ def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str 
     from dataclasses import replace
 
     from tidal.hf_datasets import resolve as resolve_hf
-    from tidal.shards import index, listing
+    from tidal.listing import listing
+    from tidal.shards import index
     from tidal.storage.config import Storage
 
     src, fmt, _, held = resolve_hf(url, format, None)

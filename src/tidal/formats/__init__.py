@@ -140,9 +140,6 @@ def formats() -> list[str]:
 
 def known_ending(path: str, exists: Callable[[str], bool] | None = None) -> bool:
     """Whether a directory listing should keep ``path`` (its full path: siblings can decide)."""
-    ending = os.path.splitext(path)[1].lower()
-    if ending in _ENDINGS and ending not in _CLAIMS and os.path.basename(path).lower() != _MANIFEST:
-        return True  # what detect() says, without its work: a listing may hold a million files
     try:
         detect(path, exists=exists)
     except FormatError:
@@ -158,6 +155,9 @@ def detect(path: str, name: str | None = None, exists: Callable[[str], bool] | N
     error asking for ``format=`` rather than a guess.
     """
     stem, compression = path.lower(), None
+    last = os.path.splitext(stem)[1]
+    if name is None and last in _ENDINGS and last not in _CLAIMS and os.path.basename(stem) != _MANIFEST:
+        return _ENDINGS[last], None  # the common case at once: a listing may hold a million files
     for ending, comp in _COMPRESSIONS.items():
         if stem.endswith(ending):
             stem, compression = stem[: -len(ending)], comp

@@ -8,6 +8,7 @@ dependency leaves a format module.
 from __future__ import annotations
 
 import mmap
+import threading
 from typing import IO, Any
 
 import numpy as np
@@ -96,3 +97,18 @@ def open_stream(path: str, src: Any) -> IO[bytes]:
         return open(src, "rb")
     except OSError as exc:
         raise FormatError(f"{path}: cannot open: {exc}") from None
+
+
+_NPY_HEADER_LOCK = threading.Lock()
+
+
+def npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` of the ``.npy`` header at ``f``'s position; ``f`` is left
+    at the data. One thread at a time: numpy parses the header with ``ast.literal_eval``, and
+    CPython 3.11's parser is not safe in several threads at once (it fails with "AST constructor
+    recursion depth mismatch" when shards are indexed in parallel)."""
+    with _NPY_HEADER_LOCK:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        return np.lib.format.read_array_header_2_0(f)

@@ -22,7 +22,7 @@ import numpy as np
 
 from tidal.errors import FormatError, SchemaError
 from tidal.formats import Errors, Options, Piece, check_options, data_errors, source
-from tidal.formats.binary import mapped, open_stream
+from tidal.formats.binary import mapped, npy_header, open_stream
 
 NAME = "flat"
 __all__ = ["NAME", "ROW_BYTES", "columns", "open", "scan"]
@@ -35,11 +35,7 @@ def _npy_header(path: str, src: Any) -> tuple[np.dtype, int, int]:
     """``(dtype, length, data offset)`` of a ``.npy`` file, checked to be 1-D integers."""
     f = open_stream(path, src)
     try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+        shape, _, dtype = npy_header(f)
         offset = f.tell()
     except data_errors() as exc:
         raise FormatError(f"{path}: not a readable .npy file: {exc}") from None

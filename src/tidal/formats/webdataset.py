@@ -41,7 +41,7 @@ import numpy as np
 
 from tidal.errors import FormatError, RecordError, StorageError
 from tidal.formats import Errors, Options, Piece, _json, bad, data_errors, source
-from tidal.formats.binary import open_stream
+from tidal.formats.binary import npy_header, open_stream
 from tidal.formats.codecs import open_stream as open_decompressed
 
 NAME = "webdataset"
@@ -74,16 +74,12 @@ def decode(field: str, data: bytes) -> Any:
 def _npy(data: bytes) -> np.ndarray:
     """A ``.npy`` member, its header checked against its size before anything is allocated."""
     f = io.BytesIO(data)
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-    else:
-        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    shape, fortran, dtype = npy_header(f)
     need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if dtype.hasobject or need != len(data) - f.tell():
         raise ValueError(f"a .npy of {dtype} {shape} in {len(data) - f.tell()} bytes of data")
-    f.seek(0)
-    return np.load(f, allow_pickle=False)
+    flat = np.frombuffer(data, dtype=dtype, offset=f.tell())
+    return flat.reshape(shape, order="F" if fortran else "C").copy()  # writable, as np.load gives it
 
 
 def _members(path: str, tf: tarfile.TarFile, size: int | None) -> Any:

@@ -139,7 +139,7 @@ def _arrow_column(col: pa.ChunkedArray) -> Any:
     t = col.type
     if col.null_count == 0:
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            return col.to_numpy()
+            return _writable(col.to_numpy())
         if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
             arr = col.combine_chunks()
             inner = arr.type.value_type
@@ -149,5 +149,11 @@ def _arrow_column(col: pa.ChunkedArray) -> Any:
                     width = len(flat) // len(arr)
                     lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
                     if (lengths == width).all():
-                        return flat.to_numpy().reshape(len(arr), width)
+                        return _writable(flat.to_numpy().reshape(len(arr), width))
     return col.to_pylist()
+
+
+def _writable(values: np.ndarray) -> np.ndarray:
+    """Arrow hands out read-only views of its buffers; a batch is the user's to change (torch
+    warns on every read-only array it wraps), so those are copied: a batch's worth, not a block's."""
+    return values if values.flags.writeable else values.copy()

@@ -28,6 +28,8 @@ from tidal.errors import FormatError, RecordError, SchemaError, StorageError
 from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 
 NAME = "parquet"
+STREAM_ROWS = 1024
+BUFFER = 1 << 20  # a local file is read 1 MiB at a time as its pages are decoded, not a column chunk at once
 
 Source = str | IO[bytes] | Callable[[], IO[bytes]]
 
@@ -35,7 +37,10 @@ Source = str | IO[bytes] | Callable[[], IO[bytes]]
 def _open_file(path: str, file: Any = None) -> pq.ParquetFile:
     source = path if file is None else file() if callable(file) else file
     try:
-        return pq.ParquetFile(source, pre_buffer=not isinstance(source, str), page_checksum_verification=True)
+        local = isinstance(source, str)
+        return pq.ParquetFile(
+            source, pre_buffer=not local, buffer_size=BUFFER if local else 0, page_checksum_verification=True
+        )
     except StorageError:
         raise
     except data_errors() as exc:
@@ -96,6 +101,7 @@ class ParquetReader:
         # holds one row group per file of the block being read, not per open file.
         # (group, its rows that were kept or None if it was skipped, which rows were: None = all)
         self._cached: tuple[int, pa.Table | None, np.ndarray | None] = (-1, None, None)
+        self._stream: _Stream | None = None  # the row group being decoded front to back
 
     def _group(self, g: int) -> tuple[pa.Table | None, np.ndarray | None]:
         if self._cached[0] != g:
@@ -113,6 +119,24 @@ class ParquetReader:
                 table, kept = self._salvage(g, table, exc)
             self._cached = (g, table, kept)
         return self._cached[1], self._cached[2]
+
+    def _streamed(self, g: int, a: int, z: int) -> pa.Table | None:
+        """Rows ``[a, z)`` of row group ``g``, decoded front to back a few thousand rows at a
+        time; None when the group must be read whole (damaged: see :meth:`_group`)."""
+        stream = self._stream
+        if stream is None or stream.group != g or stream.row > a:
+            rows = int(self._starts[g + 1] - self._starts[g])
+            stream = self._stream = _Stream(self._file, g, rows, self._columns)
+        try:
+            table = stream.take(a, z)
+        except StorageError:
+            raise  # the network, not the data: never skipped as a bad row group
+        except data_errors():
+            self._stream = None
+            return None
+        if stream.row >= stream.rows:
+            self._stream = None  # read to its end: in epoch order no slice comes back to it
+        return table
 
     def _salvage(self, g: int, table: pa.Table | None, exc: BaseException) -> tuple[pa.Table | None, np.ndarray | None]:
         """A row group that failed: its rows without the strings that are not UTF-8, when that
@@ -143,6 +167,11 @@ class ParquetReader:
         while pos < stop:
             g_start, g_stop = int(self._starts[g]), int(self._starts[g + 1])
             end = min(stop, g_stop)
+            streamed = self._streamed(g, pos - g_start, end - g_start) if self._cached[0] != g else None
+            if streamed is not None:
+                parts.append(streamed)
+                pos, g = end, g + 1
+                continue
             table, kept = self._group(g)
             if kept is not None:  # rows skipped: counted, not yielded
                 if valid is None:
@@ -164,6 +193,42 @@ class ParquetReader:
 
     def close(self) -> None:
         self._file.close(force=True)  # also a file object it was given
+
+
+class _Stream:
+    """One row group decoded front to back, ``STREAM_ROWS`` rows at a time. A block reads a
+    slice of a few thousand rows of each of its files, and the next block the next slice:
+    decoding only those rows keeps memory at a block and the work the same for every block,
+    where decoding whole row groups cost a burst of every file's group at once (the loop
+    then waited on one DataLoader worker while the others sat idle) and held them all."""
+
+    def __init__(self, file: pq.ParquetFile, group: int, rows: int, columns: list[str] | None):
+        self.group, self.rows, self.row = group, rows, 0  # self.row: the group's row ``_left`` starts at
+        self._batches = file.iter_batches(STREAM_ROWS, row_groups=[group], columns=columns, use_threads=False)
+        self._left: pa.RecordBatch | None = None
+
+    def take(self, a: int, z: int) -> pa.Table:
+        """Rows ``[a, z)`` of the group (``a`` at or past the rows already taken), validated."""
+        parts: list[pa.RecordBatch] = []
+        while self.row < z:
+            batch = self._left if self._left is not None else next(self._batches, None)
+            self._left = None
+            if batch is None:
+                raise ValueError(f"row group {self.group} ended after {self.row} rows, the footer says {self.rows}")
+            end = self.row + batch.num_rows
+            lo, hi = max(a, self.row), min(z, end)
+            if lo < hi:
+                parts.append(batch.slice(lo - self.row, hi - lo))
+            if hi < end:
+                self._left = batch.slice(hi - self.row)
+                self.row = hi
+            else:
+                self.row = end
+        table = pa.Table.from_batches(parts) if parts else None
+        if table is None:
+            raise ValueError(f"row group {self.group}: no rows {a}..{z}")
+        table.validate(full=True)
+        return table
 
 
 def _utf8_rows(table: pa.Table) -> np.ndarray | None:

@@ -444,6 +444,7 @@ class DataLoader(torch.utils.data.DataLoader):
         stopped = False
         parts: list[Any] = []  # continuous rows over several workers: this step's part of each
         clock = time.perf_counter
+        close = _close  # held here: a generator dropped at interpreter exit runs after module globals are gone
         asked = clock()  # when the training loop last asked for a batch
         if self._started is None:
             self._started = self._logged = asked
@@ -475,11 +476,11 @@ class DataLoader(torch.utils.data.DataLoader):
                     self._logged = asked
                     _log.info("%s", describe(self.stats()))
         except BaseException:  # an error, or the loop dropped this iterator: nothing will read on
-            _close(source)  # first the thread that reads from the workers: it would wait on them forever
+            close(source)  # first the thread that reads from the workers: it would wait on them forever
             self._stop_workers(bundles)
             raise
         finally:
-            _close(source)
+            close(source)
         if not stopped:
             if together:
                 _every_rank_has(False)  # the step the others are asking about

@@ -145,7 +145,7 @@ def index_times(formats: list[str], data: Path) -> dict[str, dict[str, float]]:
                 if not f.name.startswith("."):
                     os.symlink(f.resolve(), Path(tmp) / f.name)
             t0 = time.perf_counter()
-            tidal.Dataset(tmp, columns=COLUMNS)
+            tidal.Dataset(tmp, columns=COLUMNS, follow_links=True)
             cold = time.perf_counter() - t0
         tidal.Dataset(str(root), columns=COLUMNS)  # make sure the cached index exists
         t0 = time.perf_counter()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -138,6 +140,18 @@ def test_a_loop_that_breaks_off_stops_the_read_ahead_thread_and_the_workers(data
         assert len(list(itertools.islice(it, 2))) == 2
         it.close()  # what dropping it does; stopped the workers first, the thread waited on them for ever
         assert set(multiprocessing.active_children()) <= before
+
+
+def test_a_loop_left_unfinished_at_exit_prints_nothing(data: Path) -> None:
+    """The loop's generator is closed while Python shuts down, after module globals are gone."""
+    script = (
+        "import tidal, sys\n"
+        f"loader = tidal.DataLoader(tidal.Dataset({str(data)!r}).repeat().batch(4), num_workers=2)\n"
+        "it = iter(loader)\n"
+        "next(it)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
 def test_a_same_topology_restore_after_an_elastic_one_continues_exactly(data: Path) -> None:

@@ -42,8 +42,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
+# bench_peers.py: tidal next to LitData, Mosaic, WebDataset and HF datasets on one corpus (about 25
+# minutes; the first run adds about 5 for the corpus, its conversions and the tokenizer)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_read.py
+	$(BIN)/python bench/bench_peers.py --json bench-data/peers/last.json \
+	  --markdown bench-data/peers/last.md --plot bench-data/peers/last.png
 
 lock:
 	rm -rf $(LOCK_VENV)

@@ -878,11 +878,26 @@ def ratio_rows(figures: list[dict[str, float | None]], lower: bool, loaders: lis
 
 
 @dataclass
+class Target:
+    workload: str
+    what: str
+    figure: str
+    met: bool | None
+
+    def verdict(self) -> str:
+        return "-" if self.met is None else ("met" if self.met else "missed")
+
+    def line(self) -> str:
+        return f"{self.verdict():>6}  {self.what}: {self.figure}"
+
+
+@dataclass
 class Table:
     title: str
     headers: list[str]
     rows: list[list[str]]
     notes: list[str] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)  # printed under the table, beside its ratios
 
     def __post_init__(self) -> None:
         self.rows = [r + [""] * (len(self.headers) - len(r)) for r in self.rows]
@@ -896,32 +911,24 @@ class Table:
             return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
         out = [f"\n== {self.title} ==", line(self.headers), "  ".join("-" * w for w in widths)]
-        return "\n".join(out + [line(r) for r in self.rows] + [f"   {n}" for n in self.notes])
+        out += [line(r) for r in self.rows] + [f"   {n}" for n in self.notes]
+        return "\n".join(out + (["   targets:"] + [f"   {t.line()}" for t in self.targets] if self.targets else []))
 
     def markdown(self) -> str:
         out = [f"### {self.title}", "", "| " + " | ".join(self.headers) + " |", "|" + "---|" * len(self.headers)]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in self.rows]
-        return "\n".join(out + (["", *self.notes] if self.notes else []))
-
-
-@dataclass
-class Target:
-    workload: str
-    what: str
-    figure: str
-    met: bool | None
-
-    def line(self) -> str:
-        verdict = "-" if self.met is None else ("met" if self.met else "MISSED")
-        return f"{verdict:>6}  {self.what}: {self.figure}"
+        out += ["", *self.notes] if self.notes else []
+        return "\n".join(
+            out + (["", "Targets:", ""] + [f"- {t.line().strip()}" for t in self.targets] if self.targets else [])
+        )
 
 
 def _check(workload: str, what: str, mine: float | None, bound: float | None, lower: bool, unit: str) -> Target:
     """``mine`` against ``bound``: at most (``lower``) or at least; unknown where either is missing."""
     if mine is None or bound is None:
-        return Target(workload, what, "not measured", None)
+        return Target(workload, what, "a figure it needs failed or was not measured", None)
     met = mine <= bound if lower else mine >= bound
-    return Target(workload, what, f"{_fmt(mine, unit)} vs {_fmt(bound, unit)}", met)
+    return Target(workload, what, f"{_fmt(mine, unit)} (needs {'<=' if lower else '>='} {_fmt(bound, unit)})", met)
 
 
 def text_section(r: dict, loaders: list[str]) -> tuple[Table, list[Target]]:
@@ -1184,6 +1191,7 @@ def sections(
     for name, build in builders:
         if name in workloads:
             table, got = build()
+            table.targets = got
             tables.append(table)
             targets += got
     if "limits" in workloads:
@@ -1191,13 +1199,10 @@ def sections(
     return tables, targets
 
 
-def targets_table(targets: list[Target]) -> Table:
-    return Table(
-        "targets",
-        ["workload", "target", "tidal vs bound", "verdict"],
-        [[t.workload, t.what, t.figure, "-" if t.met is None else ("met" if t.met else "missed")] for t in targets],
-        ["'-': a figure it needs failed or was not measured in this run."],
-    )
+def tally(targets: list[Target]) -> str:
+    """One line: how many targets were met, missed, or could not be judged."""
+    n = {v: sum(t.verdict() == v for t in targets) for v in ("met", "missed", "-")}
+    return f"targets: {n['met']} met, {n['missed']} missed, {n['-']} not judged (a figure they need failed or was not measured)"
 
 
 def plot(res: dict[str, Any], loaders: list[str], workloads: set[str], threads: int, path: str) -> None:
@@ -1341,16 +1346,15 @@ def main() -> None:
     res["loadavg_end"] = os.getloadavg()
     res["total_s"] = time.perf_counter() - t0
     tables, targets = sections(res, loaders, workloads, args.threads)
-    tables.append(targets_table(targets))
     res["targets"] = [asdict(t) for t in targets]
     top = header(res, manifest, args)
-    print(top + "\n" + "\n".join(t.text() for t in tables))
+    print(top + "\n" + "\n".join(t.text() for t in tables) + "\n\n" + tally(targets))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
         print(f"\nall figures: {args.json}")
     if args.markdown:
         body = "\n\n".join(t.markdown() for t in tables)
-        Path(args.markdown).write_text(f"```\n{top}\n```\n\n{body}\n")
+        Path(args.markdown).write_text(f"```\n{top}\n```\n\n{body}\n\n{tally(targets)}\n")
         print(f"tables: {args.markdown}")
     if args.plot:
         plot(res, loaders, workloads, args.threads, args.plot)

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from tidal.errors import FormatError, RecordError, SchemaError, StorageError
 from tidal.formats import Errors, Options, Piece, bad, data_errors, source
+from tidal.tables import keep
 
 NAME = "parquet"
 STREAM_ROWS = 1024
@@ -148,7 +149,7 @@ class ParquetReader:
                 for i in np.flatnonzero(~kept).tolist():
                     bad(self._errors, RecordError("a string that is not UTF-8", path=self._path, row=row + i))
                 try:
-                    good = table.filter(pa.array(kept))
+                    good = keep(table, kept.tolist())
                     good.validate(full=True)
                     return good, kept
                 except data_errors():

@@ -234,6 +234,9 @@ class ReadIterator(StageIterator):
         self._unindexed = sum(s.error is not None for s in plan.shards) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
         self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
+        # (epoch, offsets from, to, then position = offset + delta, block, its first position, its stop):
+        # the offsets one interval and one block cover, found once, not by two searches a batch
+        self._run: tuple[int, int, int, int, int, int, int] | None = None
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(s.path for s in plan.shards[:3]) + (", ..." if len(plan.shards) > 3 else "")
@@ -297,14 +300,21 @@ class ReadIterator(StageIterator):
                 self._epoch, self._offset = self._epoch + 1, 0
                 self._kept, self._whole_epoch = 0, True
                 continue
-            j = int(np.searchsorted(ends, self._offset, side="right")) - 1
-            start, end = intervals[j]
-            pos = start + self._offset - int(ends[j])
+            run = self._run
+            if run is None or run[0] != self._epoch or not run[1] <= self._offset < run[2]:
+                j = int(np.searchsorted(ends, self._offset, side="right")) - 1
+                start, end = intervals[j]
+                delta = start - int(ends[j])  # position = offset + delta, within this interval
+                order = self._epoch_order()
+                b = order.block_at(self._offset + delta)
+                base = int(order.starts[b])
+                stop = min(end, int(order.starts[b + 1])) - base
+                upto = min(int(ends[j + 1]), base + stop - delta)  # where the interval or the block ends
+                run = self._run = (self._epoch, self._offset, upto, delta, b, base, stop)
+            delta, b, base, stop = run[3:]
+            pos = self._offset + delta
             order = self._epoch_order()
-            b = order.block_at(pos)
             block = self._load(order, b)
-            base = int(order.starts[b])
-            stop = min(end, int(order.starts[b + 1])) - base
             first, last, nxt = block.span(pos - base, stop, max_items)
             self._offset += base + nxt - pos
             self.passed += base + nxt - pos

@@ -150,6 +150,7 @@ class ParquetReader:
                     bad(self._errors, RecordError("a string that is not UTF-8", path=self._path, row=row + i))
                 try:
                     good = keep(table, kept.tolist())
+                    assert isinstance(good, pa.Table)
                     good.validate(full=True)
                     return good, kept
                 except data_errors():

@@ -162,7 +162,8 @@ def bundles(
                 state = it.state()
                 state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
                 states.append(state)
-                total += nbytes(item)
+                if pack:  # the bytes bound a message to another process; in this one nothing is copied
+                    total += nbytes(item)
                 if len(items) >= size or total >= MAX_BUNDLE_BYTES or clock() - began >= MAX_BUNDLE_SECONDS:
                     break
             else:

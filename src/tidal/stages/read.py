@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
 from tidal.errors import ConfigError, FormatError, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Errors, Located, Piece, Reader, data_errors, module
@@ -394,6 +395,8 @@ class ReadIterator(StageIterator):
         if perm is not None:
             table = take(table, perm)
         self._block_index, self._block = b, _Block(table, valid_before)
+        if isinstance(table, pa.Table):
+            pa.default_memory_pool().release_unused()  # the previous block's and the slices' memory, back to the system
         return self._block
 
     def _read(self, index: int, a: int, z: int) -> Piece:

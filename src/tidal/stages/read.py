@@ -178,6 +178,9 @@ class _FilePolicy:
         self._policy(self._path, error)
 
 
+RELEASE_BYTES = 32 << 20
+
+
 class _Block:
     """One loaded block, its records already in yield order, and where skipped records were."""
 
@@ -238,6 +241,7 @@ class ReadIterator(StageIterator):
         # (epoch, offsets from, to, then position = offset + delta, block, its first position, its stop):
         # the offsets one interval and one block cover, found once, not by two searches a batch
         self._run: tuple[int, int, int, int, int, int, int] | None = None
+        self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(s.path for s in plan.shards[:3]) + (", ..." if len(plan.shards) > 3 else "")
@@ -396,7 +400,10 @@ class ReadIterator(StageIterator):
             table = take(table, perm)
         self._block_index, self._block = b, _Block(table, valid_before)
         if isinstance(table, pa.Table):
-            pa.default_memory_pool().release_unused()  # the previous block's and the slices' memory, back to the system
+            self._arrow_loaded += table.nbytes
+            if self._arrow_loaded >= RELEASE_BYTES:  # the blocks' freed memory back to the system, now and then:
+                pa.default_memory_pool().release_unused()  # a call costs ~2 ms, too much for every small block
+                self._arrow_loaded = 0
         return self._block
 
     def _read(self, index: int, a: int, z: int) -> Piece:

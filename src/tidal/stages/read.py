@@ -1,6 +1,6 @@
 """The source stage: one reader's share of each epoch, block by block, in epoch order.
 
-Bad data meets the ``errors`` policy here (see :class:`_Policy`). Format readers hand each
+Bad data meets the ``errors`` policy here (see :class:`tidal.stages.policy.Policy`). Format readers hand each
 bad record, row group or segment to it and mark what they skipped; what a reader lets
 escape (a file that cannot be opened, or read to the rows asked for) is named by file and
 handed to the policy too, and under ``"skip"`` the slice read is skipped: counted, never
@@ -13,7 +13,6 @@ every record was skipped.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from tidal.formats import Errors, Located, Piece, Reader, data_errors, module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shard
 from tidal.stages import Context, Stage, StageIterator
+from tidal.stages.policy import Policy
 from tidal.stages.transform import reference
 from tidal.state import keys as k
 from tidal.state.view import View
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from tidal.storage.prefetch import Prefetcher
 
 LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch
-
-log = logging.getLogger("tidal")
 
 
 @dataclass(frozen=True)
@@ -124,60 +122,6 @@ class Read(Stage):
         return {"source": {k: v for k, v in source.items() if v is not None and v != {}}, "steps": steps}
 
 
-class _Policy:
-    """One reader's ``errors`` policy: raises, or skips and remembers what it skipped.
-
-    Under ``"skip"`` each file with skipped data is logged once (logger ``tidal``, WARNING,
-    with the first error's location; the rest are counted in ``stats()``); a function is
-    given every error instead, and stops the reader by raising. Either way what is skipped
-    is counted, and the first few errors are kept for the message of a reader that skipped
-    everything.
-    """
-
-    KEEP = 3
-
-    def __init__(self, errors: Errors):
-        self.errors = errors
-        self.first: list[str] = []  # the first few errors skipped
-        self.logged: set[str] = set()
-        self.bad_files: set[str] = set()  # files with a part (not a record) unreadable
-        self.missing: dict[str, str] = {}  # columns= names missing from records of this block: first error
-        self.stopped: BaseException | None = None  # what the user's function raised
-
-    def for_file(self, path: str) -> _FilePolicy:
-        return _FilePolicy(self, path)
-
-    def __call__(self, path: str, error: TidalError) -> None:
-        if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
-            raise error
-        if callable(self.errors):
-            try:
-                self.errors(error)
-            except BaseException as exc:
-                self.stopped = exc
-                raise
-        if len(self.first) < self.KEEP:
-            self.first.append(str(error))
-        column = getattr(error, "column", None)
-        if column is not None:
-            self.missing.setdefault(column, str(error))
-        if isinstance(error, FormatError):
-            self.bad_files.add(path)
-        if self.errors == "skip" and path not in self.logged:  # a function logs if it wants to
-            self.logged.add(path)
-            log.warning("skipping bad data: %s [more in this file is counted in stats(), not logged]", error)
-
-
-class _FilePolicy:
-    """The policy as a format reader of one file calls it (``errors(error)``)."""
-
-    def __init__(self, policy: _Policy, path: str):
-        self._policy, self._path = policy, path
-
-    def __call__(self, error: TidalError) -> None:
-        self._policy(self._path, error)
-
-
 RELEASE_BYTES = 32 << 20
 
 
@@ -232,7 +176,7 @@ class ReadIterator(StageIterator):
         self._block: _Block | None = None
         self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
         self.skipped = 0  # bad records dropped under errors="skip"
-        self._policy = _Policy(plan.errors)
+        self._policy = Policy(plan.errors)
         self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
         # files the index could not read: counted by one reader, so counts add up over readers
         self._unindexed = sum(s.error is not None for s in plan.shards) if world.consumer == 0 else 0

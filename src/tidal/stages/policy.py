@@ -1,0 +1,64 @@
+"""A reader's ``errors=`` policy: what happens to bad data (raise, skip and count, or a function)."""
+
+from __future__ import annotations
+
+import logging
+
+from tidal.errors import FormatError, TidalError
+from tidal.formats import Errors
+
+log = logging.getLogger("tidal")
+
+
+class Policy:
+    """One reader's ``errors`` policy: raises, or skips and remembers what it skipped.
+
+    Under ``"skip"`` each file with skipped data is logged once (logger ``tidal``, WARNING,
+    with the first error's location; the rest are counted in ``stats()``); a function is
+    given every error instead, and stops the reader by raising. Either way what is skipped
+    is counted, and the first few errors are kept for the message of a reader that skipped
+    everything.
+    """
+
+    KEEP = 3
+
+    def __init__(self, errors: Errors):
+        self.errors = errors
+        self.first: list[str] = []  # the first few errors skipped
+        self.logged: set[str] = set()
+        self.bad_files: set[str] = set()  # files with a part (not a record) unreadable
+        self.missing: dict[str, str] = {}  # columns= names missing from records of this block: first error
+        self.stopped: BaseException | None = None  # what the user's function raised
+
+    def for_file(self, path: str) -> FilePolicy:
+        return FilePolicy(self, path)
+
+    def __call__(self, path: str, error: TidalError) -> None:
+        if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
+            raise error
+        if callable(self.errors):
+            try:
+                self.errors(error)
+            except BaseException as exc:
+                self.stopped = exc
+                raise
+        if len(self.first) < self.KEEP:
+            self.first.append(str(error))
+        column = getattr(error, "column", None)
+        if column is not None:
+            self.missing.setdefault(column, str(error))
+        if isinstance(error, FormatError):
+            self.bad_files.add(path)
+        if self.errors == "skip" and path not in self.logged:  # a function logs if it wants to
+            self.logged.add(path)
+            log.warning("skipping bad data: %s [more in this file is counted in stats(), not logged]", error)
+
+
+class FilePolicy:
+    """The policy as a format reader of one file calls it (``errors(error)``)."""
+
+    def __init__(self, policy: Policy, path: str):
+        self._policy, self._path = policy, path
+
+    def __call__(self, error: TidalError) -> None:
+        self._policy(self._path, error)

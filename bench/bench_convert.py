@@ -36,7 +36,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from common import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = ("tidal-1", "tidal-2", "tidal-ray", "litdata-1", "litdata-2", "mds")
@@ -74,14 +75,6 @@ def prepare(args: argparse.Namespace) -> Path:
 
 
 # -- one measurement, in its own process -------------------------------------------------------------------
-
-
-def read_jsonl(path: str) -> Any:
-    """LitData's ``fn``: the records of one input file (top level, so its spawn workers import it)."""
-    with open(path, "rb") as f:
-        for line in f:
-            rec = json.loads(line)
-            yield {"id": rec["id"], "text": rec["text"]}
 
 
 def measure(config: str, src: Path, out: Path, shard_size: str) -> dict[str, float]:

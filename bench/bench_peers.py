@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import hashlib
 import json
 import math
 import os
@@ -43,9 +42,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import EOS, batch_ids, corpus_texts, load_json, log, read_jsonl, resume_points, sha1, train_tokenizer
+
 REPO = Path(__file__).resolve().parent.parent
 COLUMNS = ["id", "text"]
-EOS = "<|endoftext|>"
 RESULT = "RESULT "  # prefix of the line a child prints its figures on
 DATA_VERSION = 1
 LOADERS = ("tidal-parquet", "tidal-jsonl", "litdata", "mosaic", "webdataset", "hf")
@@ -67,22 +67,8 @@ FRACTIONS = (0.1, 0.9)
 RAW_METHODS = ("encode_batch", "encode_batch_fast")
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the corpus and each peer's copy of it
-
-
-def _sha1(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()
-
-
-def _load_json(path: Path) -> dict[str, Any]:
-    with contextlib.suppress(OSError, ValueError):
-        return dict(json.loads(path.read_text()))
-    return {}
 
 
 def corpus_dir(args: argparse.Namespace) -> Path:
@@ -113,8 +99,8 @@ def prepare(args: argparse.Namespace, loaders: list[str], need_tokenizer: bool) 
     if not script.is_file():
         sys.exit(f"corpus generator not found: {script} (pass --corpus-script)")
     path = root / "manifest.json"
-    manifest = _load_json(path)
-    corpus = {"generator_sha1": _sha1(script), "total_gb": args.total_gb, "shards": args.shards, "seed": args.seed}
+    manifest = load_json(path)
+    corpus = {"generator_sha1": sha1(script), "total_gb": args.total_gb, "shards": args.shards, "seed": args.seed}
     if manifest.get("corpus") != corpus or not _files(root / "jsonl", "jsonl"):
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
@@ -126,13 +112,13 @@ def prepare(args: argparse.Namespace, loaders: list[str], need_tokenizer: bool) 
             continue
         done = manifest.setdefault("formats", {}).get(fmt, {})
         if done.get("params") != params or not _files(root / fmt, fmt):
-            _log(f"converting the corpus to {fmt} (once) ...")
+            log(f"converting the corpus to {fmt} (once) ...")
             manifest["formats"][fmt] = {"params": params, **convert_in_child(fmt, root, args)}
             path.write_text(json.dumps(manifest, indent=1))
     if need_tokenizer:
         tok = root / f"tokenizer-{args.vocab}-{args.train_mb:g}mb.json"
         if manifest.get("tokenizer", {}).get("file") != tok.name or not tok.is_file():
-            _log(f"training a {args.vocab} byte-level BPE tokenizer on the first {args.train_mb:g} MB of text ...")
+            log(f"training a {args.vocab} byte-level BPE tokenizer on the first {args.train_mb:g} MB of text ...")
             t0 = time.perf_counter()
             train_tokenizer(_files(root / "jsonl", "jsonl"), tok, args.vocab, int(args.train_mb * 1e6))
             manifest["tokenizer"] = {"file": tok.name, "train_s": round(time.perf_counter() - t0, 1)}
@@ -147,7 +133,7 @@ def prepare(args: argparse.Namespace, loaders: list[str], need_tokenizer: bool) 
 
 def generate(script: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The shared generator's JSONL shards, and what they hold."""
-    _log(f"generating the corpus into {out} ({args.total_gb:g} GB, {args.shards} shards, seed {args.seed}) ...")
+    log(f"generating the corpus into {out} ({args.total_gb:g} GB, {args.shards} shards, seed {args.seed}) ...")
     t0 = time.perf_counter()
     cmd = [sys.executable, str(script), str(out), "--total-gb", str(args.total_gb)]
     subprocess.run([*cmd, "--shards", str(args.shards), "--seed", str(args.seed)], check=True, stdout=sys.stderr)
@@ -175,14 +161,6 @@ def convert_in_child(fmt: str, root: Path, args: argparse.Namespace) -> dict[str
     got["bytes"] = sum(os.path.getsize(f) for f in _files(out, fmt))
     got["files"] = len(_files(out, fmt))
     return dict(got)
-
-
-def read_jsonl(path: str) -> Iterator[dict[str, Any]]:
-    """The records of one JSONL file (top level: LitData's spawned workers import it by name)."""
-    with open(path, "rb") as f:
-        for line in f:
-            rec = json.loads(line)
-            yield {"id": rec["id"], "text": rec["text"]}
 
 
 def convert(fmt: str, src: str, out: str, shard_mb: float, row_group: int) -> dict[str, Any]:
@@ -228,34 +206,6 @@ def convert(fmt: str, src: str, out: str, shard_mb: float, row_group: int) -> di
     raise SystemExit(f"unknown format {fmt!r}")
 
 
-def _texts(files: list[str], limit: int) -> Iterator[str]:
-    """The ``text`` of each record of ``files`` in order, up to ``limit`` characters in all (the corpus is ASCII)."""
-    n = 0
-    for path in files:
-        for rec in read_jsonl(path):
-            if n >= limit:
-                return
-            n += len(rec["text"])
-            yield rec["text"]
-
-
-def train_tokenizer(files: list[str], out: Path, vocab: int, limit: int) -> None:
-    """A byte-level BPE tokenizer with one special token, EOS, as bench_tokenize.py trains it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_texts(files, limit), trainer)
-    tok.save(str(out))
-
-
 def warm_tidal_index(root: Path) -> dict[str, float]:
     """Open both of tidal's copies once in a child, so that no measurement builds tidal's index."""
     code = (
@@ -268,7 +218,7 @@ def warm_tidal_index(root: Path) -> dict[str, float]:
     dirs = {fmt: str(root / fmt) for fmt in ("jsonl", "parquet")}
     proc = subprocess.run([sys.executable, "-c", code, *dirs.values()], capture_output=True, text=True)
     if proc.returncode != 0:
-        _log(f"tidal could not open the corpus: {proc.stderr.strip()[-500:]}")
+        log(f"tidal could not open the corpus: {proc.stderr.strip()[-500:]}")
         return {}
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     return {fmt: round(got[d], 2) for fmt, d in dirs.items()}
@@ -469,11 +419,6 @@ def tokens_loader(spec: Spec) -> Any:
 # the children
 
 
-def _ids(batch: Any) -> list[int]:
-    ids = batch["id"]
-    return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-
-
 def _rows(batch: Any) -> int:
     ids = batch["input_ids"] if isinstance(batch, dict) else batch
     return int(ids.shape[0])
@@ -521,7 +466,7 @@ def child_raw(spec: Spec) -> dict[str, Any]:
 
     tok = Tokenizer.from_file(spec.tokenizer)
     encode = getattr(tok, spec.method)
-    texts = list(_texts(_files(spec.root, "jsonl"), int(spec.raw_mb * 1e6)))
+    texts = list(corpus_texts(_files(spec.root, "jsonl"), int(spec.raw_mb * 1e6)))
     tokens = docs = 0
     t0 = now = time.perf_counter()
     while now - t0 < spec.seconds:
@@ -558,25 +503,7 @@ def child_cache(spec: Spec) -> dict[str, Any]:
 def child_resume_save(spec: Spec) -> dict[str, Any]:
     """Consume each fraction of an epoch, save the loader's ``state_dict()`` and the ids of the batch that follows."""
     loader = TEXT_LOADERS[spec.loader](spec)
-    targets = sorted((max(1, math.ceil(f * spec.records / spec.batch)), f) for f in spec.fractions)
-    saved: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    it = iter(loader)
-    step = 0
-    for target, fraction in targets:
-        while step < target:
-            next(it)
-            step += 1
-        state = loader.state_dict()
-        following = next(it)
-        step += 1
-        saved[str(fraction)] = {
-            "state": state,
-            "expected_ids": _ids(following),
-            "consumed_records": target * spec.batch,
-            "state_bytes": len(pickle.dumps(state)),
-            "reached_after_s": time.perf_counter() - t0,
-        }
+    saved, it = resume_points(loader, spec.records, spec.batch, spec.fractions, batch_ids, pickle.dumps)
     Path(spec.state_file).write_bytes(pickle.dumps(saved))
     return {"points": {k: {**v, "state": None} for k, v in saved.items()}, "_keep": it}
 
@@ -594,7 +521,7 @@ def child_resume_load(spec: Spec) -> dict[str, Any]:
     return {
         "first_batch_after_load_s": t1 - t0,
         "first_batch_from_start_s": wall - spec.t_spawn,
-        "exact": _ids(first) == point["expected_ids"],
+        "exact": batch_ids(first) == point["expected_ids"],
         "consumed_records": point["consumed_records"],
         "state_bytes": point["state_bytes"],
         "_keep": it,
@@ -700,7 +627,7 @@ def run_child(spec: Spec, timeout: float) -> dict[str, Any]:
     if not lines:
         why = f"timed out after {timeout:.0f} s" if timed_out else f"exit {proc.returncode}"
         last = _last_line(stderr)
-        _log(f"    failed ({why}): {stderr.strip()[-2000:]}")
+        log(f"    failed ({why}): {stderr.strip()[-2000:]}")
         return {"error": f"failed: {last or why}" + (f" ({why})" if timed_out and last else "")}
     got = dict(json.loads(lines[-1][len(RESULT) :]))
     if spec.kind == "import":
@@ -795,7 +722,7 @@ def run_all(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[st
     saves: dict[str, Any] = {}
     if "resume" in workloads:
         for loader, s in resume_jobs(args, manifest, loaders).items():
-            _log(f"resume {loader}: consuming {' and '.join(f'{f:.0%}' for f in FRACTIONS)} of an epoch ...")
+            log(f"resume {loader}: consuming {' and '.join(f'{f:.0%}' for f in FRACTIONS)} of an epoch ...")
             saves[loader] = run_child(s, args.resume_timeout)
             if "error" in saves[loader]:
                 continue
@@ -807,7 +734,7 @@ def run_all(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[st
     for rep in range(args.repeats):
         order = rotated(jobs, rep, args.repeats)
         for i, job in enumerate(order):
-            _log(f"[{rep + 1}/{args.repeats} {i + 1}/{len(order)}] {job.name} ...")
+            log(f"[{rep + 1}/{args.repeats} {i + 1}/{len(order)}] {job.name} ...")
             runs[job.name].append(run_child(job.spec, timeout))
     return {
         "jobs": {j.name: {"workload": j.workload, "loader": j.loader, **j.meta, "spec": asdict(j.spec)} for j in jobs},

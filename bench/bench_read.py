@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import io
 import json
 import math
@@ -38,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from common import batch_ids, log, resume_points, sha1
+
 REPO = Path(__file__).resolve().parent.parent
 COLUMNS = ["id", "text"]
 # format name -> sub-directory of --data holding that copy of the corpus
@@ -47,10 +48,6 @@ DATA_VERSION = 1
 
 # ----------------------------------------------------------------------------------------------------------------
 # the corpus
-
-
-def _sha1(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -66,7 +63,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         sys.exit(f"corpus generator not found: {script} (pass --corpus-script)")
     wanted = {
         "version": DATA_VERSION,
-        "generator_sha1": _sha1(script),
+        "generator_sha1": sha1(script),
         "total_gb": args.total_gb,
         "shards": args.shards,
         "seed": args.seed,
@@ -84,14 +81,14 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(data / sub, ignore_errors=True)
     manifest.unlink(missing_ok=True)
     data.mkdir(parents=True, exist_ok=True)
-    _log(f"generating the corpus into {data / 'jsonl'} ({args.total_gb} GB, {args.shards} shards, seed {args.seed})")
+    log(f"generating the corpus into {data / 'jsonl'} ({args.total_gb} GB, {args.shards} shards, seed {args.seed})")
     t0 = time.perf_counter()
     cmd = [sys.executable, str(script), str(data / "jsonl"), "--total-gb", str(args.total_gb)]
     cmd += ["--shards", str(args.shards), "--seed", str(args.seed)]
     subprocess.run(cmd, check=True, stdout=sys.stderr)
     t_gen = time.perf_counter() - t0
 
-    _log("writing the .jsonl.zst and Parquet copies")
+    log("writing the .jsonl.zst and Parquet copies")
     t0 = time.perf_counter()
     (data / FORMATS["jsonl.zst"]).mkdir()
     (data / FORMATS["parquet"]).mkdir()
@@ -268,11 +265,6 @@ def _dataset(spec: Spec) -> Any:
     return ds.repeat().batch(spec.batch)
 
 
-def _ids(batch: dict[str, Any]) -> list[int]:
-    ids = batch["id"]
-    return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-
-
 def _close(it: Iterator[Any]) -> None:
     close = getattr(it, "close", None)
     if close is not None:
@@ -405,25 +397,7 @@ def child_resume_save(spec: Spec) -> dict[str, Any]:
     ds = _dataset(spec)
     loader = tidal.DataLoader(ds, num_workers=spec.workers or 0)
     epoch = ds.num_records
-    targets = sorted((max(1, math.ceil(f * epoch / spec.batch)), f) for f in spec.fractions)
-    saved: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    it = iter(loader)
-    step = 0
-    for target, fraction in targets:
-        while step < target:
-            next(it)
-            step += 1
-        state = loader.state_dict()
-        following = next(it)
-        step += 1
-        saved[str(fraction)] = {
-            "state": state,
-            "expected_ids": _ids(following),
-            "consumed_records": target * spec.batch,
-            "state_bytes": len(json.dumps(state)),
-            "reached_after_s": time.perf_counter() - t0,
-        }
+    saved, it = resume_points(loader, epoch, spec.batch, spec.fractions, batch_ids, json.dumps)
     _close(it)
     Path(spec.state_file).write_text(json.dumps(saved))
     return {"epoch_records": epoch, "points": {k: {**v, "state": None} for k, v in saved.items()}}
@@ -444,7 +418,7 @@ def child_resume_load(spec: Spec) -> dict[str, Any]:
     first = next(it)
     t1 = time.perf_counter()
     first_wall = time.time()
-    exact = _ids(first) == point["expected_ids"]
+    exact = batch_ids(first) == point["expected_ids"]
     _close(it)
     memory.stop()
     return {
@@ -474,10 +448,10 @@ def run_child(spec: Spec, timeout: float) -> dict[str, Any]:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        _log(f"  {spec.kind} {spec.fmt}: timed out after {timeout:.0f} s")
+        log(f"  {spec.kind} {spec.fmt}: timed out after {timeout:.0f} s")
         return {"error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
-        _log(f"  {spec.kind} {spec.fmt} failed:\n{proc.stderr[-3000:]}")
+        log(f"  {spec.kind} {spec.fmt} failed:\n{proc.stderr[-3000:]}")
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
@@ -509,10 +483,6 @@ def peer_row(peers: dict[str, list[str]], prefix: str, width: int) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # output
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _num(x: Any, digits: int = 0) -> str:
@@ -659,17 +629,17 @@ def main() -> None:
         root = str(data / FORMATS[fmt])
         bounds = {"fmt": fmt, "root": root, "seconds": seconds, "max_records": args.max_records}
         for kind in BASELINES[fmt]:
-            _log(f"baseline {kind} ...")
+            log(f"baseline {kind} ...")
             results["baselines"][kind] = run_child(Spec(kind=kind, **bounds), timeout)
         for shuffle, workers, batch in runs:
-            _log(f"tidal {fmt}, {'shuffled' if shuffle else 'in order'}, {loader_label(workers)}, batch {batch} ...")
+            log(f"tidal {fmt}, {'shuffled' if shuffle else 'in order'}, {loader_label(workers)}, batch {batch} ...")
             spec = Spec(kind="tidal", shuffle=shuffle, seed=args.shuffle_seed, workers=workers, batch=batch, **bounds)
             res = run_child(spec, timeout)
             results["throughput"].append({"format": fmt, "shuffle": shuffle, "workers": workers, "batch": batch, **res})
 
     # the first batch, 2 workers shuffled: fresh processes that stop after it
     for fmt in formats:
-        _log(f"first batch {fmt} x{repeats} ...")
+        log(f"first batch {fmt} x{repeats} ...")
         spec = Spec(
             kind="tidal", fmt=fmt, root=str(data / FORMATS[fmt]), seconds=0, max_records=0, shuffle=True,
             seed=args.shuffle_seed, workers=2, batch=8, second_iter=True,
@@ -684,12 +654,12 @@ def main() -> None:
                 "shuffle": True, "seed": args.shuffle_seed, "workers": 2, "batch": 8,
                 "state_file": str(data / f"resume-state-{FORMATS[fmt]}.json"),
             }  # fmt: skip
-            _log(f"resume {fmt}: consuming {', '.join(f'{f:.0%}' for f in fractions)} of an epoch ...")
+            log(f"resume {fmt}: consuming {', '.join(f'{f:.0%}' for f in fractions)} of an epoch ...")
             saved = run_child(Spec(kind="resume-save", fractions=fractions, **common), timeout + 900)
             loads: dict[str, list[dict[str, Any]]] = {}
             if "error" not in saved:
                 for f in fractions:
-                    _log(f"resume {fmt} at {f:.0%} x{repeats}: first batch in a new process ...")
+                    log(f"resume {fmt} at {f:.0%} x{repeats}: first batch in a new process ...")
                     loads[str(f)] = [
                         run_child(Spec(kind="resume-load", at=f, **common), timeout) for _ in range(repeats)
                     ]

@@ -47,6 +47,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from common import log
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the S3 server helper the tests use
 sys.path.insert(0, str(REPO / "src"))
@@ -54,10 +56,6 @@ sys.path.insert(0, str(REPO / "src"))
 from s3_server import S3Server  # noqa: E402
 
 FORMATS = {"jsonl.zst": "jsonl_zst", "parquet": "parquet"}
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -81,7 +79,7 @@ def prepare(args: argparse.Namespace) -> Path:
     script = Path(args.corpus_script)
     if not script.is_file():
         sys.exit(f"corpus generator not found: {script} (pass --corpus-script)")
-    _log(f"generating {args.total_gb} GB in {args.shards} shards into {data}")
+    log(f"generating {args.total_gb} GB in {args.shards} shards into {data}")
     raw = data / "jsonl"
     cmd = [sys.executable, str(script), str(raw), "--total-gb", str(args.total_gb), "--shards", str(args.shards)]
     subprocess.run(cmd, check=True, stdout=sys.stderr)
@@ -318,13 +316,13 @@ def main() -> None:
     data = prepare(args)
     out: dict[str, Any] = {"params": vars(args), "load": os.getloadavg()}
     with S3Server() as s3:
-        _log(f"moto S3 server at {s3.endpoint}; uploading")
+        log(f"moto S3 server at {s3.endpoint}; uploading")
         urls = upload(s3, data)
         for fmt, url in urls.items():
             objs = objects(s3, url)
             total = sum(n for _, n in objs)
             res: dict[str, Any] = {"shards": len(objs), "mb": total / 1e6}
-            _log(f"[{fmt}] {len(objs)} shards, {total / 1e6:.1f} MB")
+            log(f"[{fmt}] {len(objs)} shards, {total / 1e6:.1f} MB")
             many = objs * max(1, int(args.pass_mb * 1e6 // total))  # each measurement moves ~pass_mb
             hashes = {a: index_hashes(data, objs, a) for a in ("xxh3_128", "sha256")}
             res["rounds"] = rounds(s3, many, hashes, args)

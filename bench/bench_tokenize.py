@@ -20,8 +20,6 @@ it (for raw ``tokenizers``: all of it; the texts are in memory before the clock 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -37,28 +35,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import EOS, corpus_texts, load_json, log, sha1, train_tokenizer
+
 REPO = Path(__file__).resolve().parent.parent
 DATA_VERSION = 1
-EOS = "<|endoftext|>"
 RESULT = "RESULT "  # prefix of the line a child prints its figures on
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # the corpus, the tokenizer and the measured texts
-
-
-def _sha1(path: Path) -> str:
-    return hashlib.sha1(path.read_bytes()).hexdigest()
-
-
-def _load(path: Path) -> dict[str, Any]:
-    with contextlib.suppress(OSError, ValueError):
-        return dict(json.loads(path.read_text()))
-    return {}
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,10 +54,10 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     if not script.is_file():
         sys.exit(f"corpus generator not found: {script} (pass --corpus-script)")
     manifest_path = data / "manifest.json"
-    manifest = _load(manifest_path)
+    manifest = load_json(manifest_path)
     corpus = {
         "version": DATA_VERSION,
-        "generator_sha1": _sha1(script),
+        "generator_sha1": sha1(script),
         "total_gb": args.total_gb,
         "shards": args.shards,
         "seed": args.seed,
@@ -80,7 +65,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     jsonl = data / "jsonl"
     if manifest.get("corpus") != corpus or not jsonl.is_dir():
         manifest = {"corpus": corpus}
-        _log(f"generating the corpus into {jsonl} ({args.total_gb} GB, {args.shards} shards, seed {args.seed})")
+        log(f"generating the corpus into {jsonl} ({args.total_gb} GB, {args.shards} shards, seed {args.seed})")
         t0 = time.perf_counter()
         for old in [jsonl, *data.glob("texts-*"), *data.glob("tokenizer-*.json")]:  # all of them came from the old one
             if old.is_dir():
@@ -98,7 +83,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     tok_file = data / f"tokenizer-{args.vocab}-{args.train_mb:g}mb.json"
     tokenizers = manifest.setdefault("tokenizers", {})
     if tok_file.name not in tokenizers or not tok_file.is_file():
-        _log(f"training a {args.vocab} byte-level BPE tokenizer on the first {args.train_mb:g} MB of text")
+        log(f"training a {args.vocab} byte-level BPE tokenizer on the first {args.train_mb:g} MB of text")
         t0 = time.perf_counter()
         train_tokenizer(files, tok_file, args.vocab, int(args.train_mb * 1e6))
         tokenizers[tok_file.name] = {"vocab": args.vocab, "train_mb": args.train_mb, "special": [EOS]}
@@ -108,39 +93,10 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     subset = data / f"texts-{args.mb:g}mb"
     texts = manifest.setdefault("texts", {})
     if subset.name not in texts or not subset.is_dir():
-        _log(f"cutting the measured texts: the first {args.mb / len(files):g} MB of each of {len(files)} shards")
+        log(f"cutting the measured texts: the first {args.mb / len(files):g} MB of each of {len(files)} shards")
         texts[subset.name] = {"mb": args.mb, **cut_texts(files, subset, int(args.mb * 1e6 / len(files)))}
         manifest_path.write_text(json.dumps(manifest, indent=1))
     return {"tokenizer": str(tok_file), "texts": str(subset), "texts_facts": texts[subset.name], "manifest": manifest}
-
-
-def _texts(files: list[Path], limit: int) -> Iterator[str]:
-    """The ``text`` of each line of ``files`` in order, up to ``limit`` characters in all (the corpus is ASCII)."""
-    n = 0
-    for path in files:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if n >= limit:
-                    return
-                text = json.loads(line)["text"]
-                n += len(text)
-                yield text
-
-
-def train_tokenizer(files: list[Path], out: Path, vocab: int, limit: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_texts(files, limit), trainer)
-    tok.save(str(out))
 
 
 def cut_texts(files: list[Path], out: Path, per_shard: int) -> dict[str, int]:
@@ -207,7 +163,7 @@ def run_raw(spec: Spec) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(spec.tokenizer)
-    texts = list(_texts(_files(spec.texts), 1 << 62))
+    texts = list(corpus_texts(_files(spec.texts), 1 << 62))
     encode = getattr(tok, spec.method)
     clock = Clock()
     tokens = 0
@@ -524,7 +480,7 @@ def main() -> None:
             import transformers  # noqa: F401
         except ImportError as e:
             skipped["hf"] = f"HF datasets streaming needs `pip install datasets transformers` ({e})"
-            _log(f"skipping {skipped['hf']}")
+            log(f"skipping {skipped['hf']}")
             specs = [s for s in specs if s.kind != "hf"]
 
     print(f"tidal {_tidal_commit()}; {' '.join(f'{k} {v}' for k, v in _versions().items())}")
@@ -539,10 +495,10 @@ def main() -> None:
     runs: dict[str, list[dict]] = {s.name: [] for s in specs}
     for k in range(args.repeats):
         for spec in specs:
-            _log(f"round {k + 1}/{args.repeats}: {spec.label} ...")
+            log(f"round {k + 1}/{args.repeats}: {spec.label} ...")
             r = measure(spec, args.timeout)
             runs[spec.name].append(r)
-            _log(f"    {_m(r['tokens_per_s'])} tokens/s" if "error" not in r else f"    failed: {r['error']}")
+            log(f"    {_m(r['tokens_per_s'])} tokens/s" if "error" not in r else f"    failed: {r['error']}")
     for name, reason in skipped.items():
         runs[name] = [{"error": reason}]
         specs.append(Spec(name, name, "HF datasets streaming, map(tokenize) + map(group_texts)"))

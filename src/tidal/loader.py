@@ -35,6 +35,7 @@ import torch.utils.data
 
 from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
 from tidal.dataset import Dataset
+from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
 from tidal.errors import StateError
 from tidal.pool import Ahead
 from tidal.stages import add_stats
@@ -208,23 +209,6 @@ def _every_rank_has(batch: bool) -> bool:
     flag = torch.tensor([int(batch)], device=torch.device("cuda", torch.cuda.current_device()) if cuda else "cpu")
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
-
-
-def _accelerate_device() -> torch.device | None:
-    """The device HF Accelerate places batches on, when an Accelerator is set up in this process."""
-    state = sys.modules.get("accelerate.state")
-    if state is None or not state.PartialState._shared_state:
-        return None
-    device = state.PartialState().device
-    return None if device.type == "cpu" else device
-
-
-def _to_device(value: Any, device: torch.device, non_blocking: bool) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=non_blocking)
-    if isinstance(value, dict):
-        return {key: _to_device(v, device, non_blocking) for key, v in value.items()}
-    return value
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -414,7 +398,7 @@ class DataLoader(torch.utils.data.DataLoader):
             bundles = super().__iter__()
         finally:
             self._stream.bundled = False
-        device = self._device or _accelerate_device()
+        device = self._device or accelerate_device()
         together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
         return self._round_robin(bundles, self._local, device, together)
 
@@ -456,9 +440,9 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._undo.append((w, state[k.WORKERS][w], state[k.NEXT_WORKER], tokens, batches))
                 schema.consume(state, w, reader, tokens, batches)
                 if ahead:
-                    item = _arrived(item, copied, device)
+                    item = arrived(item, copied, device)
                 else:
-                    item = item if device is None else _to_device(item, device, non_blocking)
+                    item = item if device is None else to_device(item, device, non_blocking)
                 if self._split:
                     parts.append(item)
                     if len(parts) < n:
@@ -516,25 +500,10 @@ class DataLoader(torch.utils.data.DataLoader):
             yield w, bundle.states[j], tokens, item, copied
 
     def _copy(self, item: Any, device: torch.device) -> tuple[Any, Any]:
-        """``item`` on ``device``, copied ahead from a background thread; on CUDA, from pinned
-        memory on a side stream, with the event the training loop's stream waits on."""
-        if device.type != "cuda":
-            return _to_device(item, device, False), None
-        if self._copy_stream is None:
+        """``item`` on ``device``, copied ahead from a background thread (see :func:`copied_ahead`)."""
+        if device.type == "cuda" and self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(self._copy_stream):
-            item = _to_device(_pinned(item), device, True)
-            event = torch.cuda.Event()
-            event.record(self._copy_stream)
-        return item, event
-
-
-def _pinned(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value if value.is_pinned() else value.pin_memory()
-    if isinstance(value, dict):
-        return {key: _pinned(v) for key, v in value.items()}
-    return value
+        return copied_ahead(item, device, self._copy_stream)
 
 
 def _close(source: Iterator[Any]) -> None:
@@ -544,20 +513,3 @@ def _close(source: Iterator[Any]) -> None:
             source.close()
     except Exception:
         pass
-
-
-def _arrived(item: Any, copied: Any, device: torch.device | None) -> Any:
-    """A prefetched batch, made safe to use on the training loop's CUDA stream."""
-    if copied is not None:
-        stream = torch.cuda.current_stream(device)
-        stream.wait_event(copied)
-        _record_stream(item, stream)  # the allocator must not reuse its memory before the loop is done
-    return item
-
-
-def _record_stream(value: Any, stream: Any) -> None:
-    if isinstance(value, torch.Tensor):
-        value.record_stream(stream)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _record_stream(v, stream)

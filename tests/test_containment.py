@@ -37,9 +37,8 @@ def test_an_index_cannot_redirect_a_read(tmp_path: Path, kind: str) -> None:
     writer(other, [{"id": 100 + i} for i in range(5)])
     assert ids(tidal.Dataset(root)) == list(range(5))  # builds the index beside the data
     index = json.loads((root / INDEX_NAME).read_text())
-    for entry in index["shards"].values():
-        entry.setdefault("info", {})["file"] = str(other)  # a hostile index
-    (root / INDEX_NAME).write_text(json.dumps(index))
+    index["info"] = [{**(info or {}), "file": str(other)} for info in index.get("info", [None] * len(index["files"]))]
+    (root / INDEX_NAME).write_text(json.dumps(index))  # a hostile index
     assert ids(tidal.Dataset(root)) == list(range(5))
 
 

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import make_shards, write_jsonl
 
 import tidal
-from tidal.shards import INDEX_NAME
+from tidal.shards import INDEX_NAME, read_index
 
 
 def test_the_index_is_cached_beside_the_data_and_reused(tmp_path: Path) -> None:
     root = make_shards(tmp_path / "data", [3, 4, 5])
     assert tidal.Dataset(root).num_records == 12
     index = json.loads((root / INDEX_NAME).read_text())
-    assert sorted(index["shards"]) == ["part-000.jsonl", "part-001.jsonl.zst", "part-002.parquet"]
+    assert sorted(index["files"]) == ["part-000.jsonl", "part-001.jsonl.zst", "part-002.parquet"]
     # a cached count is trusted while size and mtime are unchanged...
-    entry = index["shards"]["part-000.jsonl"]
-    entry["rows"] = 2
+    index["rows"][index["files"].index("part-000.jsonl")] = 2
     (root / INDEX_NAME).write_text(json.dumps(index))
     assert tidal.Dataset(root).num_records == 11
     # ...and recounted when the file changes
@@ -35,7 +37,7 @@ def test_a_glob_over_part_of_a_directory_shares_its_index(tmp_path: Path) -> Non
     root = make_shards(tmp_path / "data", [3, 4, 5, 6])
     assert tidal.Dataset(str(root / "*.jsonl")).num_records == 3 + 6
     assert tidal.Dataset(root).num_records == 18
-    assert len(json.loads((root / INDEX_NAME).read_text())["shards"]) == 4
+    assert len(json.loads((root / INDEX_NAME).read_text())["files"]) == 4
 
 
 def test_the_index_file_is_not_taken_for_data(tmp_path: Path) -> None:
@@ -52,3 +54,63 @@ def test_inspect_lists_shards_and_counts(tmp_path: Path) -> None:
     ).stdout
     assert out.startswith("2 shards, 7 records")
     assert "jsonl.zstd" in out and "part-000.jsonl" in out
+
+
+def test_shards_are_columns_that_read_as_shard_objects(tmp_path: Path) -> None:
+    root = make_shards(tmp_path / "data", [3, 4, 5])
+    shards = tidal.Dataset(root).shards
+    assert isinstance(shards, tidal.Shards) and len(shards) == 3 and shards.total == 12
+    as_objects = tuple(shards)
+    assert all(isinstance(s, tidal.Shard) for s in as_objects)
+    assert [s.rows for s in as_objects] == shards.rows.tolist() == [3, 4, 5]
+    assert shards[1] == as_objects[1] and shards[-1].path.endswith("part-002.parquet")
+    assert shards[1:] == as_objects[1:] and shards == as_objects and shards == tidal.Shards.of(as_objects)
+    assert shards[-1].info["names"] == as_objects[-1].info["names"] == ["id", "text"]
+    again = pickle.loads(pickle.dumps(shards))
+    assert again == shards and [s.info for s in again] == [s.info for s in shards]
+
+
+def test_a_dataset_of_a_thousand_shards_crosses_a_pickle_whole(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(1000):
+        (root / f"part-{i:04d}.jsonl").write_text(f'{{"id": {i}}}\n')
+    ds = tidal.Dataset(root).shuffle(seed=1)
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.shards == ds.shards and again.fingerprint() == ds.fingerprint()
+    assert [r["id"] for r in again] == [r["id"] for r in ds] != list(range(1000))
+
+
+def test_an_index_of_the_previous_version_is_read(tmp_path: Path) -> None:
+    root = make_shards(tmp_path / "data", [3, 4], kinds=("jsonl",))
+    tidal.Dataset(root)
+    entries = read_index((root / INDEX_NAME).read_bytes())
+    entries["part-000.jsonl"]["rows"] = 2  # trusted: proves the old file was read, not rebuilt
+    (root / INDEX_NAME).write_text(json.dumps({"version": 1, "shards": entries}))
+    assert tidal.Dataset(root).num_records == 6
+    assert json.loads((root / INDEX_NAME).read_text())["version"] == 1  # nothing was stale: left as it was
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda ix: ix.update(rows=ix["rows"][:-1]),  # a column shorter than the list of files
+        lambda ix: ix.update(rows=[-5] * len(ix["files"])),  # negative counts
+        lambda ix: ix.update(rows=["3"] * len(ix["files"])),  # not integers
+        lambda ix: ix.update(rows=[2**70] * len(ix["files"])),  # past int64
+        lambda ix: ix.update(format=["../../etc"] * len(ix["files"])),  # no such format
+        lambda ix: ix.update(info=["x"] * len(ix["files"])),  # not objects
+        lambda ix: ix.update(files=[ix["files"][0]] * len(ix["files"])),  # one file named twice
+        lambda ix: ix.update(mtime_ns=[True] * len(ix["files"])),  # not a time
+        lambda ix: ix.update(files="part-000.jsonl"),  # not a list
+    ],
+)
+def test_a_damaged_or_hostile_index_is_rebuilt_never_trusted(tmp_path: Path, damage: Callable[[dict], None]) -> None:
+    root = make_shards(tmp_path / "data", [3, 4, 5], kinds=("jsonl",))
+    expected = [r["id"] for r in tidal.Dataset(root)]
+    index = json.loads((root / INDEX_NAME).read_text())
+    damage(index)
+    (root / INDEX_NAME).write_text(json.dumps(index))
+    ds = tidal.Dataset(root)
+    assert ds.num_records == 12 and [r["id"] for r in ds] == expected
+    assert read_index((root / INDEX_NAME).read_bytes()).keys() == {f"part-00{k}.jsonl" for k in range(3)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -15,6 +14,7 @@ from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import tidal
+from tidal.shards import index_json, read_index
 from tidal.storage import Retry, Storage
 from tidal.storage import prefetch as prefetch_module
 from tidal.storage.prefetch import entry
@@ -111,11 +111,11 @@ def test_the_remote_index_is_kept_in_the_cache_and_rescans_only_changed_objects(
     settings = storage(s3, tmp_path)
     assert tidal.Dataset(url, storage=settings).num_records == 12
     (index,) = (tmp_path / "cache" / "index").glob("*.json")
-    entries = json.loads(index.read_text())["shards"]
+    entries = read_index(index.read_bytes())
     assert sorted(entries) == ["part-000.jsonl", "part-001.jsonl", "part-002.jsonl"]
     assert all(e["hash"].startswith(("xxh3_128:", "sha256:")) and e["version"] for e in entries.values())
     entries["part-000.jsonl"]["rows"] = 100  # trusted while size and ETag are unchanged...
-    index.write_text(json.dumps({"version": 1, "shards": entries}))
+    index.write_bytes(index_json(entries))
     assert tidal.Dataset(url, storage=settings).num_records == 109
     s3.put(bucket, "web/part-000.jsonl", b'{"id": 0, "text": "a"}\n' * 7)  # ...and recounted when it changes
     ds = tidal.Dataset(url, storage=settings)
@@ -126,11 +126,11 @@ def test_a_published_index_is_used_and_its_hashes_are_checked(s3: S3Server, buck
     data = make_shards(tmp_path / "data", [3, 4], kinds=("jsonl",))
     url = s3.upload(data, bucket, "web")
     tidal.Dataset(data)  # builds the local index, to be published beside the remote data
-    published = json.loads((data / ".tidal-index.json").read_text())
-    for name, e in published["shards"].items():
+    published = read_index((data / ".tidal-index.json").read_bytes())
+    for name, e in published.items():
         e["version"] = s3.client.head_object(Bucket=bucket, Key=f"web/{name}")["ETag"].strip('"')
-    published["shards"]["part-000.jsonl"]["hash"] = "sha256:" + "0" * 64  # not what the file holds
-    s3.put(bucket, "web/.tidal-index.json", json.dumps(published).encode())
+    published["part-000.jsonl"]["hash"] = "sha256:" + "0" * 64  # not what the file holds
+    s3.put(bucket, "web/.tidal-index.json", index_json(published))
 
     ds = tidal.Dataset(url, storage=storage(s3, tmp_path))
     assert [s.rows for s in ds.shards] == [3, 4]

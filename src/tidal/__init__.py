@@ -21,7 +21,7 @@ from tidal.errors import (
     StorageError,
     TidalError,
 )
-from tidal.shards import Shard
+from tidal.shards import Shard, Shards
 from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
 
@@ -39,6 +39,7 @@ __all__ = [
     "RecordError",
     "SchemaError",
     "Shard",
+    "Shards",
     "SourceError",
     "StateError",
     "StorageError",

@@ -19,7 +19,7 @@ from tidal.formats import Errors, check_columns, check_errors, check_options
 from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
 from tidal.listing import listing
-from tidal.shards import Shard, index
+from tidal.shards import Shards, index
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Mix, Schedule
@@ -121,11 +121,11 @@ class Dataset:
             settings = replace(settings, **overrides)
         src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
         if held is not None:
-            shards = tuple(held)
+            shards = Shards.of(held)
         else:
             found = listing(src, settings, follow_links)
             settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
-            shards = tuple(index(list(found), fmt, errors, settings, found))
+            shards = index(list(found), fmt, errors, settings, found)
         check_columns(shards, columns)
         plan = ReadPlan(
             shards=shards,
@@ -135,14 +135,15 @@ class Dataset:
             block_size=DEFAULT_BLOCK_SIZE,
             shards_per_block=DEFAULT_SHARDS_PER_BLOCK,
             epochs=1,
-            storage=settings if any(is_remote(s.path) for s in shards) else None,
+            storage=settings if any(map(is_remote, shards.paths)) else None,
             options=dict(options),
             given={"src": _given(src), "format": format, "follow_links": follow_links},
         )
         self._init(Read(plan))
 
-    def _init(self, stage: Stage, resume: dict | None = None) -> None:
+    def _init(self, stage: Stage, resume: dict | None = None, fingerprint: str | None = None) -> None:
         self._stage = stage
+        self._fingerprint = fingerprint  # of the chain, which never changes: worked out once
         self._resume = resume  # a state the next iter() continues from
         self._last: DatasetIterator | None = None
         _register_with_torch()
@@ -160,10 +161,10 @@ class Dataset:
         return self._stage
 
     def __getstate__(self) -> dict:  # the chain and a pending resume; never an open iterator
-        return {"stage": self._stage, "resume": self._resume}
+        return {"stage": self._stage, "resume": self._resume, "fingerprint": self._fingerprint}
 
     def __setstate__(self, state: dict) -> None:
-        self._init(state["stage"], state["resume"])
+        self._init(state["stage"], state["resume"], state.get("fingerprint"))
 
     def __repr__(self) -> str:
         return repr(self._stage)
@@ -320,8 +321,9 @@ class Dataset:
     # -- facts -----------------------------------------------------------------------
 
     @property
-    def shards(self) -> tuple[Shard, ...]:
-        return tuple(s for p in self.sources().values() for s in p.shards)
+    def shards(self) -> Shards:
+        """Every file read, as a sequence of :class:`tidal.Shard` (for a mixture, each stream's in turn)."""
+        return Shards.concat(p.shards for p in self.sources().values())
 
     @property
     def num_records(self) -> int:
@@ -395,8 +397,10 @@ class Dataset:
 
     def fingerprint(self) -> str:
         """A short digest of everything that decides the order; a saved state carries it."""
-        text = json.dumps(self._stage.describe(), default=str)
-        return hashlib.sha1(text.encode()).hexdigest()[:16]
+        if self._fingerprint is None:
+            text = json.dumps(self._stage.describe(), default=str)
+            self._fingerprint = hashlib.sha1(text.encode()).hexdigest()[:16]
+        return self._fingerprint
 
     # -- iteration -------------------------------------------------------------------
 

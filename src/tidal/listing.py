@@ -112,6 +112,7 @@ def _walk(root: str, follow_links: bool) -> Iterator[tuple[str, str]]:
     todo = [(root, real_root)]
     while todo:
         d, real_d = todo.pop()
+        prefix = real_d.rstrip(os.sep) + os.sep
         try:
             with os.scandir(d) as it:
                 entries = list(it)
@@ -119,7 +120,7 @@ def _walk(root: str, follow_links: bool) -> Iterator[tuple[str, str]]:
             raise SourceError(f"{d}: cannot list the directory: {exc.strerror or exc}") from exc
         for e in entries:
             link = e.is_symlink()
-            real = os.path.realpath(e.path) if link else os.path.join(real_d, e.name)
+            real = os.path.realpath(e.path) if link else prefix + e.name
             if e.is_dir():  # follows a link
                 if e.name.startswith(".") or not _inside(e.path, real, root, real_root, follow_links):
                     continue

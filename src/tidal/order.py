@@ -33,7 +33,7 @@ class EpochOrder:
 
     def __init__(
         self,
-        rows: Sequence[int],
+        rows: Sequence[int] | np.ndarray,
         *,
         seed: int | None,
         epoch: int,

@@ -281,7 +281,7 @@ def _report(
         parts.append(f"{rate(full.total('tokens') / t)} tokens/s")
     parts.append(f"{size(full.total('bytes') / t)}/s in batches")
     sources = ds.sources().values()
-    records, nbytes = sum(p.total for p in sources), sum(s.bytes for p in sources for s in p.shards)
+    records, nbytes = sum(p.total for p in sources), sum(int(p.shards.bytes.sum()) for p in sources)
     if full.has_records and records:
         parts.append(f"{size(full.total('records') / t * nbytes / records)}/s of source files")
     lines.append(f"throughput over {seconds(full.seconds)} after the first batch: " + ", ".join(parts))

@@ -88,7 +88,7 @@ def _pipeline(ds: Dataset, args: argparse.Namespace) -> int:
         formats = ", ".join(Counter(_kind(s) for s in plan.shards))
         print(
             f"  {name}: {len(plan.shards)} shards, {plan.total} records, "
-            f"{size(sum(s.bytes for s in plan.shards))} ({formats})"
+            f"{size(int(plan.shards.bytes.sum()))} ({formats})"
         )
     print(f"fingerprint {ds.fingerprint()}")
     if args.samples:

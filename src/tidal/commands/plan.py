@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
             else None
         )
         setup = Setup(
-            rows=[s.rows for s in plan.shards],
-            bytes=[s.bytes for s in plan.shards],
+            rows=plan.shards.rows.tolist(),
+            bytes=plan.shards.bytes.tolist(),
             seed=seed,
             block_size=args.block_size or plan.block_size,
             shards_per_block=args.shards_per_block or plan.shards_per_block,

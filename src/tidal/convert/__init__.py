@@ -127,7 +127,7 @@ def convert(
         stage=stage,
         total=plan["total"],
         offsets=tuple(plan["offsets"]),
-        paths=tuple(s.path for s in ds.shards),
+        paths=tuple(ds.shards.paths),
         to=to,
         output=output,
         column=ids,
@@ -172,11 +172,11 @@ def _publish(job: Job, entries: list[dict]) -> None:
     """The output's index, once every shard is done: what ``tidal.Dataset(DST)`` reads."""
     kept = [e for e in entries if e.get("name")]
     if job.to == "parquet":
-        from tidal.shards import INDEX_NAME
+        from tidal.shards import INDEX_NAME, index_json
 
         keep = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash")
         shards = {e["name"]: {key: e[key] for key in keep if key in e} for e in kept}
-        job.output.write_text(INDEX_NAME, json.dumps({"version": 1, "shards": shards}, separators=(",", ":")))
+        job.output.write_text(INDEX_NAME, index_json(shards).decode())
     else:
         from tidal.formats.tokens import INDEX, VERSION
 

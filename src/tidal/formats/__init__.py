@@ -108,6 +108,7 @@ _ENDINGS = {
 # Endings that several formats use: who may claim a file before the ending's own format.
 _CLAIMS = {".bin": ("megatron", "litdata")}
 _MANIFEST = "index.json"  # MDS, LitData and tidal token directories describe their shards in it
+_PLAIN = frozenset(e for e in _ENDINGS if e not in _CLAIMS)  # endings that name a format on their own
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".br": "brotli", ".snappy": "snappy"}
 
 # Every option a format reads, and which formats read it (see each module's docstring).
@@ -140,6 +141,9 @@ def formats() -> list[str]:
 
 def known_ending(path: str, exists: Callable[[str], bool] | None = None) -> bool:
     """Whether a directory listing should keep ``path`` (its full path: siblings can decide)."""
+    last = path[path.rfind(".") :].lower()
+    if last in _PLAIN and (last != ".json" or os.path.basename(path).lower() != _MANIFEST):
+        return True  # the common case at once: a listing may hold a million files
     try:
         detect(path, exists=exists)
     except FormatError:
@@ -202,38 +206,40 @@ def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[],
     return where.file if isinstance(where, Located) else path
 
 
-def check_schemas(shards: Sequence[Any]) -> None:
+def check_schemas(shards: Any) -> None:
     """Shards of one format must agree on their columns, where their scans recorded them
     (``info["columns"]``: name to type or encoding): a clash named here, by file, beats a
-    record that decodes differently, or a batch that cannot be stacked, an hour later."""
+    record that decodes differently, or a batch that cannot be stacked, an hour later.
+    ``shards``: a :class:`tidal.shards.Shards`, read by its columns."""
     first: dict[str, tuple[str, Any]] = {}
-    for shard in shards:
-        columns = shard.info.get("columns")
+    for path, fmt, info in zip(shards.paths, shards.formats, shards.infos, strict=True):
+        columns = info.get("columns")
         if columns is None:
             continue
-        path, seen = first.setdefault(shard.format, (shard.path, columns))
+        where, seen = first.setdefault(fmt, (path, columns))
         if seen != columns:
             raise SchemaError(
-                f"{shard.path}: columns {columns} differ from {seen} of {path}; "
+                f"{path}: columns {columns} differ from {seen} of {where}; "
                 "read them as separate datasets (and tidal.mix them)"
             )
 
 
-def check_columns(shards: Sequence[Any], columns: Sequence[str] | None) -> None:
+def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
     """Every name in ``columns`` must be a column of every shard whose scan knows its columns:
-    a typo fails here, naming the file and the columns it has, not as a skipped record per row."""
+    a typo fails here, naming the file and the columns it has, not as a skipped record per row.
+    ``shards``: a :class:`tidal.shards.Shards`, read by its columns."""
     if columns is None:
         return
-    for shard in shards:
-        if getattr(shard, "error", None) is not None:
+    for path, fmt, info, error in zip(shards.paths, shards.formats, shards.infos, shards.errors, strict=True):
+        if error is not None:
             continue
-        known = getattr(module(shard.format), "columns", None)
-        names = known(shard.info) if known is not None else None
+        known = getattr(module(fmt), "columns", None)
+        names = known(info) if known is not None else None
         if names is None:
             continue
         missing = [c for c in columns if c not in names]
         if missing:
-            raise SchemaError(f"{shard.path}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'})")
+            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'})")
 
 
 def check_errors(errors: Any) -> Errors:

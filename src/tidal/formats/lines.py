@@ -54,7 +54,7 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
                 checkpoints.append([rows, offset, line - 1])
             rows += 1
     info: dict = {"rows": rows}
-    if checkpoints:
+    if len(checkpoints) > 1:  # the first is where reading from the start begins anyway
         info["checkpoints"] = checkpoints
     return info
 

@@ -13,7 +13,6 @@ every record was skipped.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ import pyarrow as pa
 from tidal.errors import ConfigError, FormatError, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Errors, Located, Piece, Reader, data_errors, module
 from tidal.order import EpochOrder, Intervals, share
-from tidal.shards import Shard
+from tidal.shards import Shards
 from tidal.stages import Context, Stage, StageIterator
 from tidal.stages.policy import Policy
 from tidal.stages.transform import reference
@@ -46,7 +45,7 @@ LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch
 class ReadPlan:
     """What the source stage needs: the shards and how to order them."""
 
-    shards: tuple[Shard, ...]
+    shards: Shards
     columns: tuple[str, ...] | None
     errors: Errors
     seed: int | None
@@ -59,7 +58,7 @@ class ReadPlan:
 
     @property
     def total(self) -> int:
-        return sum(s.rows for s in self.shards)
+        return self.shards.total
 
 
 @dataclass(frozen=True, repr=False)
@@ -74,7 +73,8 @@ class Read(Stage):
 
     def describe(self) -> list:
         p = self.plan
-        shards = [(os.path.basename(s.path), s.rows) for s in p.shards]
+        names = [path[path.rfind("/") + 1 :] for path in p.shards.paths]  # basenames, of URLs too
+        shards = list(zip(names, p.shards.rows.tolist(), strict=True))
         return [["Read", shards, p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs, p.options]]
 
     def call(self) -> str:
@@ -109,7 +109,7 @@ class Read(Stage):
             "follow_links": p.given["follow_links"],
         }
         if p.storage is not None:
-            source.update(p.storage.to_config(s.path for s in p.shards))
+            source.update(p.storage.to_config(p.shards.paths))
         if removed:  # credentials in the URL itself
             source["storage_options_removed"] = ["src", *source.get("storage_options_removed", [])]
         steps: list[dict] = []
@@ -179,7 +179,7 @@ class ReadIterator(StageIterator):
         self._policy = Policy(plan.errors)
         self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
         # files the index could not read: counted by one reader, so counts add up over readers
-        self._unindexed = sum(s.error is not None for s in plan.shards) if world.consumer == 0 else 0
+        self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
         self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
         # (epoch, offsets from, to, then position = offset + delta, block, its first position, its stop):
@@ -188,7 +188,7 @@ class ReadIterator(StageIterator):
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
         total = plan.total
         if total == 0 and plan.epochs is None:
-            files = ", ".join(s.path for s in plan.shards[:3]) + (", ..." if len(plan.shards) > 3 else "")
+            files = ", ".join(plan.shards.paths[:3]) + (", ..." if len(plan.shards) > 3 else "")
             raise TidalError(f"the dataset has no records, so it cannot repeat forever (its files: {files})")
         if plan.epochs is None and not share(total, [], world.consumers, world.consumer, drop_remainder=False):
             raise TidalError(
@@ -288,7 +288,7 @@ class ReadIterator(StageIterator):
         if self._order is None or self._order.epoch != self._epoch:
             p = self._plan
             self._order = EpochOrder(
-                [s.rows for s in p.shards],
+                p.shards.rows,
                 seed=p.seed,
                 epoch=self._epoch,
                 block_size=p.block_size,

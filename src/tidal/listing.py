@@ -70,11 +70,7 @@ def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
         if not found:
             raise SourceError(f"{entry}: the pattern matches no file")
     elif os.path.isdir(path):
-        names = (
-            (p, real) for p, real in _walk(path, follow_links) if not p[p.rfind(os.sep) + 1 :].startswith((".", "_"))
-        )
-        real_root = os.path.realpath(path)
-        found = _once(sorted(m for m in names if known_ending(m[0]) and _inside(*m, path, real_root, follow_links)))
+        found = _directory_files(path, follow_links)
         if not found:
             raise SourceError(f"{entry}: the directory holds no file tidal can read")
     elif os.path.isfile(path):
@@ -102,25 +98,62 @@ class _Reals:
         return os.path.join(real, name)
 
 
+def _directory_files(root: str, follow_links: bool) -> list[str]:
+    """The files under ``root`` with an ending tidal reads, sorted; names starting with ``.`` or
+    ``_`` left out. A plain file is inside the root when its directory is, so only links cost
+    more than a string or two: a directory of a million files lists in seconds."""
+    real_root = os.path.realpath(root)
+    plain: list[tuple[str, str, list[str]]] = []  # (directory, its real path, names kept)
+    linked: list[tuple[str, str]] = []
+    for d, real_d, names, links in _walk_dirs(root, follow_links):
+        base = d.rstrip(os.sep) + os.sep
+        plain.append(
+            (base, real_d.rstrip(os.sep) + os.sep, [n for n in names if n[0] not in "._" and known_ending(base + n)])
+        )
+        for p, real in links:
+            name = p[p.rfind(os.sep) + 1 :]
+            if name[0] not in "._" and known_ending(p) and _inside(p, real, root, real_root, follow_links):
+                linked.append((p, real))
+    if not linked:  # each directory was visited once, under one name: no file is listed twice
+        return sorted(base + n for base, _, names in plain for n in names)
+    both = [(base + n, real_base + n) for base, real_base, names in plain for n in names]
+    return _once(sorted(both + linked))
+
+
 def _walk(root: str, follow_links: bool) -> Iterator[tuple[str, str]]:
-    """``(path, real path)`` of every file under ``root``, through linked directories too, each
-    directory once; a linked directory out of ``root`` refused (:func:`_inside`); directories
-    named ``.*`` skipped. Only links cost a ``realpath``: a plain entry's real path is its
-    directory's and its name."""
+    """``(path, real path)`` of every file under ``root``, as :func:`_walk_dirs` finds them."""
+    for d, real_d, names, links in _walk_dirs(root, follow_links):
+        base, real_base = d.rstrip(os.sep) + os.sep, real_d.rstrip(os.sep) + os.sep
+        yield from ((base + n, real_base + n) for n in names)
+        yield from links
+
+
+def _walk_dirs(root: str, follow_links: bool) -> Iterator[tuple[str, str, list[str], list[tuple[str, str]]]]:
+    """``(directory, real path, names of its plain files, (path, real path) of its linked
+    files)`` for every directory under ``root``, through linked directories too, each directory
+    once; a linked directory out of ``root`` refused (:func:`_inside`); directories named ``.*``
+    skipped. Only links cost a ``realpath``: a plain file's real path is its directory's and its
+    name."""
     real_root = os.path.realpath(root)
     seen = {real_root}
     todo = [(root, real_root)]
     while todo:
         d, real_d = todo.pop()
-        prefix = real_d.rstrip(os.sep) + os.sep
         try:
             with os.scandir(d) as it:
                 entries = list(it)
         except OSError as exc:
             raise SourceError(f"{d}: cannot list the directory: {exc.strerror or exc}") from exc
+        names: list[str] = []
+        links: list[tuple[str, str]] = []
         for e in entries:
-            link = e.is_symlink()
-            real = os.path.realpath(e.path) if link else prefix + e.name
+            if e.is_symlink():
+                real = os.path.realpath(e.path)
+            elif not e.is_dir():
+                names.append(e.name)
+                continue
+            else:
+                real = os.path.join(real_d, e.name)
             if e.is_dir():  # follows a link
                 if e.name.startswith(".") or not _inside(e.path, real, root, real_root, follow_links):
                     continue
@@ -128,7 +161,8 @@ def _walk(root: str, follow_links: bool) -> Iterator[tuple[str, str]]:
                     seen.add(real)
                     todo.append((e.path, real))
             else:
-                yield e.path, real
+                links.append((e.path, real))
+        yield d, real_d, names, links
 
 
 def _glob_pattern(pattern: str) -> re.Pattern[str]:

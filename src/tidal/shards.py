@@ -242,9 +242,7 @@ def _nothing(done: int) -> None:
 def _index_local(files: list[str], format: str | None, errors: Errors, progress: Callable[[int], None]) -> Shards:
     root = os.path.commonpath(list({f[: f.rfind(os.sep)] or os.sep for f in files}))
     where = _index_path(root)
-    stats = [os.stat(f) for f in files]
-    sizes = [st.st_size for st in stats]
-    mtimes = [st.st_mtime_ns for st in stats]
+    sizes, mtimes = _stat(files)
     cut = len(root.rstrip(os.sep)) + 1  # ``root`` and a separator begin every path
     keys = [f[cut:] for f in files] if format is None else [f"{f[cut:]}#{format}" for f in files]
     with _locked(where):
@@ -256,11 +254,34 @@ def _index_local(files: list[str], format: str | None, errors: Errors, progress:
         progress(len(files) - len(todo))
         if todo:
             with ThreadPoolExecutor(min(16, len(todo))) as pool:
-                for j, entry in zip(todo, pool.map(lambda j: _scan(files[j], format, stats[j]), todo), strict=True):
+                for j, entry in zip(todo, pool.map(lambda j: _scan(files[j], format, sizes[j], mtimes[j]), todo), strict=True):
                     entries.put(keys[j], entry)
                     progress(1)
             _save(where, entries)
     return _shards(files, entries, [entries.at[k] for k in keys], format, errors)
+
+
+STAT_THREADS = 2  # os.stat lets go of the GIL: two threads take 0.23 s for 100,000 files, one 0.32 s, four 0.29 s
+
+
+def _stat(files: list[str]) -> tuple[list[int], list[int]]:
+    """Size and modification time (ns) of every file: what decides whether its index entry is
+    still true."""
+    if len(files) < 10_000:
+        return _sizes_and_times(files)
+    step = -(-len(files) // STAT_THREADS)
+    with ThreadPoolExecutor(STAT_THREADS) as pool:
+        parts = list(pool.map(_sizes_and_times, [files[a : a + step] for a in range(0, len(files), step)]))
+    return [n for p in parts for n in p[0]], [t for p in parts for t in p[1]]
+
+
+def _sizes_and_times(files: list[str]) -> tuple[list[int], list[int]]:
+    sizes, times = [], []
+    for f in files:
+        st = os.stat(f)
+        sizes.append(st.st_size)
+        times.append(st.st_mtime_ns)
+    return sizes, times
 
 
 def _shards(files: list[str], entries: _Entries, at: list[int], format: str | None, errors: Errors) -> Shards:
@@ -402,8 +423,8 @@ def _key(path: str, root: str, format: str | None) -> str:
     return rel if format is None else f"{rel}#{format}"
 
 
-def _scan(path: str, format: str | None, st: os.stat_result) -> dict:
-    entry: dict = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+def _scan(path: str, format: str | None, size: int, mtime_ns: int) -> dict:
+    entry: dict = {"bytes": size, "mtime_ns": mtime_ns}
     try:
         name, compression = detect(path, format)
         entry.update(format=name, compression=compression)

@@ -254,7 +254,9 @@ def _index_local(files: list[str], format: str | None, errors: Errors, progress:
         progress(len(files) - len(todo))
         if todo:
             with ThreadPoolExecutor(min(16, len(todo))) as pool:
-                for j, entry in zip(todo, pool.map(lambda j: _scan(files[j], format, sizes[j], mtimes[j]), todo), strict=True):
+                for j, entry in zip(
+                    todo, pool.map(lambda j: _scan(files[j], format, sizes[j], mtimes[j]), todo), strict=True
+                ):
                     entries.put(keys[j], entry)
                     progress(1)
             _save(where, entries)

@@ -14,11 +14,15 @@ every configuration once in a rotating order (interleaved), medians and ranges o
 - ``first``: the first batch from process start (2 workers, batch 8), next to ``python -c "import torch, tidal"``;
 - ``resume``: ``load_state_dict`` to the first batch after 10% and 90% of an epoch, and whether it is exact;
 - ``rss``: peak RSS (and USS) of the whole process tree during the text runs with 0 and 2 workers;
-- ``limits``: the page-cache read rate of every format's files, and raw ``encode_batch`` on 1 and 2 threads.
+- ``limits``: the page-cache read rate of every format's files, and raw ``encode_batch`` on 1 and 2 threads;
+- ``s3``: records/s (1 process and 2 workers, batch 8) with every loader's copy uploaded to moto's
+  S3 server on 127.0.0.1 and read from there, each run with a fresh, empty local cache; the server's log counts
+  each run's GETs.
 
     .venv/bin/python bench/bench_peers.py                    # 0.6 GB corpus, 8 s per measurement, 3 repeats
     .venv/bin/python bench/bench_peers.py --quick            # ~0.03 GB, 2 s, 1 repeat: only checks that it runs
     .venv/bin/python bench/bench_peers.py --loaders tidal-parquet,litdata --workloads text,rss --json out.json
+    .venv/bin/python bench/bench_peers.py --workloads s3  # every loader reading its copy from moto's S3 server
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import statistics
 import subprocess
@@ -37,8 +42,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +57,8 @@ DATA_VERSION = 1
 LOADERS = ("tidal-parquet", "tidal-jsonl", "litdata", "mosaic", "webdataset", "hf")
 TIDAL = ("tidal-parquet", "tidal-jsonl")
 RESUMABLE = ("tidal-parquet", "tidal-jsonl", "litdata", "mosaic")  # the ones with state_dict()
-WORKLOADS = ("text", "tokens", "first", "resume", "rss", "limits")
+WORKLOADS = ("text", "tokens", "first", "resume", "rss", "limits", "s3")
+DEFAULT_WORKLOADS = WORKLOADS  # s3 included: the server holds every copy in memory (3.6 GB for the 0.6 GB corpus)
 # the copy of the corpus each loader reads (a sub-directory of the corpus directory), and its data files
 FORMAT_OF = {
     "tidal-parquet": "parquet",
@@ -63,6 +70,10 @@ FORMAT_OF = {
 }
 DATA_FILES = {"jsonl": "*.jsonl", "parquet": "*.parquet", "litdata": "*.bin", "mds": "*.mds", "wds": "*.tar"}
 TEXT_RUNS = ((0, 8), (2, 8), (2, 256))  # (workers, batch)
+S3_RUNS = ((0, 8), (2, 8))  # (workers, batch) of the s3 workload
+S3_BUCKET = "bench"
+# what the children of the s3 workload find in their environment, and nothing else of AWS's: fake credentials
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 FRACTIONS = (0.1, 0.9)
 RAW_METHODS = ("encode_batch", "encode_batch_fast")
 
@@ -274,12 +285,36 @@ class Spec:
     at: float = 0.0
     state_file: str = ""
     t_spawn: float = 0.0  # wall clock in the parent just before the child was started
+    # the s3 workload: the URL of the loader's copy on the server (set: read from there, not from ``root``), the
+    # server's endpoint, and a fresh, empty local directory for every cache the loader keeps
+    url: str = ""
+    endpoint: str = ""
+    cache: str = ""
+
+
+def s3_options(spec: Spec) -> dict[str, Any]:
+    """s3fs-style ``storage_options`` that reach the server: its endpoint, and the (fake) credentials the parent put
+    in this process's environment."""
+    return {
+        "key": os.environ["AWS_ACCESS_KEY_ID"],
+        "secret": os.environ["AWS_SECRET_ACCESS_KEY"],
+        "endpoint_url": spec.endpoint,
+        "client_kwargs": {"region_name": os.environ["AWS_DEFAULT_REGION"]},
+    }
 
 
 def tidal_loader(spec: Spec, tokens: bool = False) -> Any:
     import tidal
 
-    ds = tidal.Dataset(spec.root, columns=COLUMNS).shuffle(seed=spec.seed).repeat()
+    if spec.url:  # the objects as the store has them, through tidal's shard cache in ``spec.cache``
+        from tidal.storage import Storage
+
+        storage = Storage(options=s3_options(spec), cache_dir=os.path.join(spec.cache, "tidal"))
+        src = f"{spec.url}/{DATA_FILES[FORMAT_OF[spec.loader]]}"
+        ds = tidal.Dataset(src, columns=COLUMNS, storage=storage)
+    else:
+        ds = tidal.Dataset(spec.root, columns=COLUMNS)
+    ds = ds.shuffle(seed=spec.seed).repeat()
     if tokens:
         ds = ds.tokenize(spec.tokenizer).pack(spec.seq_len)
     return tidal.DataLoader(ds.batch(spec.batch), num_workers=spec.workers)
@@ -288,6 +323,15 @@ def tidal_loader(spec: Spec, tokens: bool = False) -> Any:
 def litdata_records(spec: Spec) -> Any:
     from litdata import StreamingDataset
 
+    if spec.url:  # storage_options are boto3 client arguments; the credentials come from the environment
+        from litdata.streaming import downloader
+
+        # LitData GETs chunks with obstore, whose client options it fixes without allow_http: obstore would refuse
+        # the server's http:// endpoint (real S3 is https). Allowed here, so LitData reads the server as tidal does.
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+        cache = os.path.join(spec.cache, "litdata")
+        options = {"endpoint_url": spec.endpoint}
+        return StreamingDataset(spec.url, cache_dir=cache, storage_options=options, shuffle=True, seed=spec.seed)
     return StreamingDataset(spec.root, shuffle=True, seed=spec.seed)
 
 
@@ -301,6 +345,11 @@ def mosaic_records(spec: Spec) -> Any:
     base = mosaic()
     with contextlib.suppress(Exception):  # shared memory a killed run left behind
         base.util.clean_stale_shared_memory()
+    if spec.url:  # Mosaic's S3 client takes its endpoint from $S3_ENDPOINT_URL, which the parent set
+        local = os.path.join(spec.cache, "mosaic")
+        return base.StreamingDataset(
+            remote=spec.url, local=local, shuffle=True, shuffle_seed=spec.seed, batch_size=spec.batch
+        )
     return base.StreamingDataset(local=spec.root, shuffle=True, shuffle_seed=spec.seed, batch_size=spec.batch)
 
 
@@ -313,10 +362,29 @@ def wds_record(sample: dict[str, Any]) -> dict[str, Any]:
     return {"id": int(sample["id"]), "text": sample["txt"]}
 
 
+def wds_s3_open(options: dict[str, Any], url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    """WebDataset's opener of ``s3://`` URLs (its ``gopen`` has none): the object streamed through fsspec (s3fs)."""
+    import fsspec
+
+    return fsspec.open(url, mode, **options).open()
+
+
 def wds_records(spec: Spec, batch: int = 0) -> Any:
     import webdataset as wds
 
-    urls = _files(spec.root, "wds")
+    if spec.url:  # the shards listed on the server; an s3 opener in gopen's table of schemes (it has none)
+        import functools
+        import importlib
+
+        import fsspec
+
+        options = s3_options(spec)
+        fs = fsspec.filesystem("s3", **options)
+        urls = sorted(f"s3://{p}" for p in fs.glob(f"{spec.url[len('s3://') :]}/{DATA_FILES['wds']}"))
+        gopen = importlib.import_module("webdataset.gopen")  # the module: ``wds.gopen`` is its function
+        gopen.gopen_schemes["s3"] = functools.partial(wds_s3_open, options)
+    else:
+        urls = _files(spec.root, "wds")
     ds = wds.WebDataset(urls, shardshuffle=len(urls), detshuffle=True, seed=spec.seed, empty_check=False)
     ds = ds.shuffle(1000, seed=spec.seed).decode().map(wds_record)
     return ds.batched(batch) if batch else ds
@@ -331,6 +399,11 @@ def wds_loader(spec: Spec) -> Any:
 def hf_records(spec: Spec) -> Any:
     from datasets import load_dataset
 
+    if spec.url:  # a glob of the objects; storage_options go to fsspec (s3fs), the credentials from the environment
+        files: Any = f"{spec.url}/{DATA_FILES['parquet']}"
+        options = {"endpoint_url": spec.endpoint}
+        ds = load_dataset("parquet", data_files=files, streaming=True, split="train", storage_options=options)
+        return ds.shuffle(seed=spec.seed, buffer_size=1000)
     files = _files(spec.root, "parquet")
     ds = load_dataset("parquet", data_files=files, streaming=True, split="train")
     return ds.shuffle(seed=spec.seed, buffer_size=1000)
@@ -584,9 +657,15 @@ def tree_memory(pid: int) -> tuple[int, int]:
     return rss, uss
 
 
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure|Timeout)\b")
+
+
 def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
+    """The line that says why a child failed: the last exception line of a traceback (``Type: message`` at the start
+    of a line; what follows it may be a multi-line message or a library's debug dump), else the last line."""
+    lines = [ln.rstrip() for ln in text.strip().splitlines() if ln.strip()]
+    raised = [ln for ln in lines if _EXCEPTION.match(ln)]
+    return (raised or lines or [""])[-1].strip()[:400]
 
 
 def run_child(spec: Spec, timeout: float) -> dict[str, Any]:
@@ -596,6 +675,8 @@ def run_child(spec: Spec, timeout: float) -> dict[str, Any]:
     env.pop("RAYON_NUM_THREADS", None)
     if spec.threads:
         env["RAYON_NUM_THREADS"] = str(spec.threads)
+    if spec.url:
+        env = s3_env(spec, env)
     if spec.kind == "import":
         code = f"import torch, tidal, json, time; print({RESULT!r} + json.dumps({{'t': time.time()}}))"
         cmd = [sys.executable, "-c", code]
@@ -637,6 +718,107 @@ def run_child(spec: Spec, timeout: float) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the s3 workload's server: moto on 127.0.0.1, the copies uploaded to it, its log of every request it served
+
+
+def s3_env(spec: Spec, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child reading from the server: without this machine's AWS settings (its variables, config and
+    credential files), with fake credentials, Mosaic's endpoint variable, and every cache directory a loader may
+    fall back on inside the run's fresh ``spec.cache``."""
+    out = {k: v for k, v in env.items() if not k.startswith("AWS_") and k != "S3_ENDPOINT_URL"}
+    nowhere = os.path.join(spec.cache, "no-aws-config")
+    out |= S3_ENV | {"AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere}
+    out["S3_ENDPOINT_URL"] = spec.endpoint  # read by Mosaic's S3 downloader alone
+    for name, sub in (("TIDAL_CACHE_DIR", "tidal-home"), ("HF_HOME", "hf"), ("XDG_CACHE_HOME", "xdg")):
+        out[name] = os.path.join(spec.cache, sub)
+    return out
+
+
+@contextlib.contextmanager
+def s3_server(root: Path, loaders: list[str]) -> Iterator[dict[str, Any]]:
+    """moto's S3 server (the tests' ``S3Server``) on a free port of 127.0.0.1, its request log (werkzeug's, one line
+    per request) in a file, and each loader's copy uploaded to ``s3://bench/<format>/``: every file of it but
+    dot-files (tidal's index of the local copy stays behind, so tidal indexes the objects as any store has them).
+    Yields the endpoint, the URL of each format, the log's path and what was uploaded."""
+    sys.path.insert(0, str(REPO / "tests"))  # the S3 server helper the tests use, as bench_s3.py does
+    from s3_server import S3Server
+
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-s3-") as tmp:
+        log_path = Path(tmp) / "moto.log"
+
+        class LoggedS3Server(S3Server):
+            def _spawn(self, args: list[str]) -> None:  # the server's stderr (its request log) to a file
+                with open(log_path, "ab") as f:
+                    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+                    self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=f, env=env)
+
+        with LoggedS3Server() as s3:
+            client = s3.client
+            client.create_bucket(Bucket=S3_BUCKET)
+            t0 = time.perf_counter()
+            urls, uploaded = {}, {}
+            for fmt in sorted({FORMAT_OF[x] for x in loaders}):
+                local = root / fmt
+                files = [p for p in sorted(local.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+                for path in files:
+                    with open(path, "rb") as body:  # streamed from the file: S3Server.put would keep every byte
+                        client.put_object(
+                            Bucket=S3_BUCKET, Key=f"{fmt}/{path.relative_to(local).as_posix()}", Body=body
+                        )
+                urls[fmt] = f"s3://{S3_BUCKET}/{fmt}"
+                uploaded[fmt] = {"objects": len(files), "bytes": sum(p.stat().st_size for p in files)}
+            upload_s = time.perf_counter() - t0
+            mb = sum(u["bytes"] for u in uploaded.values()) / 1e6
+            log(f"moto S3 server at {s3.endpoint}: {mb:,.0f} MB uploaded in {upload_s:.1f} s")
+            yield {
+                "endpoint": s3.endpoint,
+                "urls": urls,
+                "log": str(log_path),
+                "uploaded": uploaded,
+                "upload_s": upload_s,
+            }
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_REQUEST = re.compile(r'"([A-Z]+) (\S+) HTTP/[0-9.]+" (\d{3})')
+
+
+def server_requests(log_path: str, start: int) -> dict[str, int]:
+    """The requests the server logged from byte ``start`` of its log on (the measurements run one at a time, so
+    these are one run's): GETs, all requests, and those answered with an error status."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    methods: Counter[str] = Counter()
+    errors = 0
+    for line in _ANSI.sub("", text).splitlines():
+        m = _REQUEST.search(line)
+        if m and not m.group(2).startswith("/moto-api"):
+            methods[m.group(1)] += 1
+            errors += int(m.group(3)) >= 400
+    return {"server_gets": methods["GET"], "server_requests": methods.total(), "server_errors": errors}
+
+
+def run_s3_child(spec: Spec, timeout: float, server: dict[str, Any], base: Path) -> dict[str, Any]:
+    """One s3 measurement with a fresh, empty cache directory, which is removed after it: the run's figures, the
+    requests the server logged meanwhile and how much the loader had downloaded into its cache by the end."""
+    base.mkdir(parents=True, exist_ok=True)
+    cache = tempfile.mkdtemp(prefix="run-", dir=base)
+    start = os.path.getsize(server["log"])
+    try:
+        got = run_child(replace(spec, cache=cache), timeout)
+        requests = server_requests(server["log"], start)
+        cached = sum(p.stat().st_size for p in Path(cache).rglob("*") if p.is_file() and not p.is_symlink())
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if "error" in got:  # the run's cache directory, a long path that says nothing, shortened
+        got["error"] = got["error"].replace(cache, "<cache>")
+    else:  # the cold set-up counted too: every record (the first batch's included) over the whole run
+        got["rate_from_start"] = (got["units"] + spec.batch) / (got["first_batch_from_start_s"] + got["seconds"])
+    return {**got, **requests, "cache_mb": cached / 1e6}
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # the plan: every measurement, named
 
 
@@ -658,8 +840,19 @@ def raw_name(method: str, threads: int) -> str:
     return f"raw {method} t{threads}"
 
 
-def plan(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[str], workloads: set[str]) -> list[Job]:
-    """The measurements each repetition runs once, in this order, rotated from one repetition to the next."""
+def s3_name(loader: str, workers: int, batch: int) -> str:
+    return f"s3 {loader} w{workers} b{batch}"
+
+
+def plan(
+    args: argparse.Namespace,
+    manifest: dict[str, Any],
+    loaders: list[str],
+    workloads: set[str],
+    server: dict[str, Any] | None = None,
+) -> list[Job]:
+    """The measurements each repetition runs once, in this order, rotated from one repetition to the next.
+    ``server``: the s3 workload's server (:func:`s3_server`)."""
     root = Path(manifest["root"])
     tok = str(root / manifest["tokenizer"]["file"]) if "tokenizer" in manifest else ""
     jobs: list[Job] = []
@@ -693,6 +886,12 @@ def plan(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[str],
             jobs.append(Job(f"first {loader}", "first", loader, s))
     if "limits" in workloads:
         jobs.append(Job("cache", "limits", "", Spec(kind="cache", root=str(root))))
+    if "s3" in workloads and server is not None:
+        for loader in loaders:
+            for w, b in S3_RUNS:
+                url, endpoint = server["urls"][FORMAT_OF[loader]], server["endpoint"]
+                s = spec(loader, "text", workers=w, batch=b, seconds=args.seconds, url=url, endpoint=endpoint)
+                jobs.append(Job(s3_name(loader, w, b), "s3", loader, s, meta={"workers": w, "batch": b}))
     return jobs
 
 
@@ -718,7 +917,24 @@ def rotated(jobs: list[Job], rep: int, repeats: int) -> list[Job]:
 
 
 def run_all(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[str], workloads: set[str]) -> dict:
-    jobs = plan(args, manifest, loaders, workloads)
+    with contextlib.ExitStack() as stack:
+        server = None
+        if "s3" in workloads:
+            log("s3: starting moto's S3 server on 127.0.0.1 and uploading every loader's copy ...")
+            server = stack.enter_context(s3_server(Path(manifest["root"]), loaders))
+        return _run_all(args, manifest, loaders, workloads, server)
+
+
+def _run_all(
+    args: argparse.Namespace,
+    manifest: dict[str, Any],
+    loaders: list[str],
+    workloads: set[str],
+    server: dict[str, Any] | None,
+) -> dict:
+    jobs = plan(args, manifest, loaders, workloads, server)
+    caches = Path(manifest["root"]) / "s3-cache"  # the s3 runs' fresh cache directories, one at a time
+    shutil.rmtree(caches, ignore_errors=True)
     saves: dict[str, Any] = {}
     if "resume" in workloads:
         for loader, s in resume_jobs(args, manifest, loaders).items():
@@ -735,12 +951,19 @@ def run_all(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[st
         order = rotated(jobs, rep, args.repeats)
         for i, job in enumerate(order):
             log(f"[{rep + 1}/{args.repeats} {i + 1}/{len(order)}] {job.name} ...")
-            runs[job.name].append(run_child(job.spec, timeout))
-    return {
+            if job.workload == "s3" and server is not None:
+                runs[job.name].append(run_s3_child(job.spec, timeout, server, caches))
+            else:
+                runs[job.name].append(run_child(job.spec, timeout))
+    shutil.rmtree(caches, ignore_errors=True)
+    out = {
         "jobs": {j.name: {"workload": j.workload, "loader": j.loader, **j.meta, "spec": asdict(j.spec)} for j in jobs},
         "runs": runs,
         "resume_save": saves,
     }
+    if server is not None:
+        out["s3"] = {k: v for k, v in server.items() if k != "log"}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1009,6 +1232,101 @@ def rss_section(r: dict, loaders: list[str]) -> tuple[Table, list[Target]]:
     return table, targets
 
 
+S3_HOW = {
+    "tidal-parquet": "tidal.Dataset('s3://bench/parquet/*.parquet', storage=tidal.storage.Storage(options={endpoint_url, key, secret, region}, cache_dir=...))",
+    "tidal-jsonl": "the same with 's3://bench/jsonl/*.jsonl'",
+    "litdata": "litdata.StreamingDataset('s3://bench/litdata', cache_dir=..., storage_options={'endpoint_url': ...})",
+    "mosaic": "streaming.base.StreamingDataset(remote='s3://bench/mds', local=...), $S3_ENDPOINT_URL",
+    "webdataset": "wds.WebDataset([s3://bench/wds/*.tar listed with s3fs]), gopen_schemes['s3'] = fsspec.open (s3fs)",
+    "hf": "load_dataset('parquet', data_files='s3://bench/parquet/*.parquet', streaming=True, storage_options={'endpoint_url': ...})",
+}
+
+
+def s3_section(r: dict, loaders: list[str]) -> tuple[Table, list[Target]]:
+    runs = r["runs"]
+    cols = [c for c in S3_RUNS if any(s3_name(x, *c) in runs for x in loaders)]
+    stats = {(x, c): summary(runs.get(s3_name(x, *c)), "rate") for x in loaders for c in cols}
+
+    def median_of(x: str, c: tuple[int, int], key: str, ok: bool = True) -> float | None:
+        """The median of ``key`` over the runs (those that yielded figures, where ``ok``), counted for failed ones too."""
+        got = [
+            {k: v for k, v in g.items() if k != "error"}
+            for g in runs.get(s3_name(x, *c)) or []
+            if not ok or "error" not in g
+        ]
+        return med(summary(got, key))
+
+    # a loader read the server where the server logged GETs during its runs that yielded figures
+    silent = {x for x in loaders if any(median_of(x, c, "server_gets") == 0 for c in cols)}
+    rows = []
+    for x in loaders:
+        cells = ["failed" if "error" in stats[(x, c)] else cell(stats[(x, c)], "rate") for c in cols]
+        first = summary(runs.get(s3_name(x, *cols[0])) if cols else None, "first_batch_from_start_s")
+        whole = summary(runs.get(s3_name(x, *cols[0])) if cols else None, "rate_from_start")
+        gets = [median_of(x, c, "server_gets", ok=False) for c in cols]
+        get_cells = " / ".join("-" if g is None else f"{g:,.0f}" for g in gets)
+        mb = [median_of(x, c, "cache_mb", ok=False) for c in cols]
+        mb_cells = " / ".join("-" if m is None else f"{m:,.1f}" for m in mb)
+        errors = {c: stats[(x, c)]["error"].removeprefix("failed: ") for c in cols if "error" in stats[(x, c)]}
+        if len(errors) == len(cols) and len({re.sub(r"[0-9.]+", "#", e) for e in errors.values()}) == 1:
+            why = next(iter(errors.values()))  # the same failure every time (timings aside): once
+        else:
+            why = "; ".join(f"{w} workers: {e}" if w else f"1 process: {e}" for (w, _), e in errors.items())
+        if x in silent:
+            why = "no GET reached the server: left out of the ratios" + (f"; {why}" if why else "")
+        start = [
+            cell(first, "s") if "error" not in first else "-",
+            cell(whole, "rate") if "error" not in whole else "-",
+        ]
+        rows.append([x, *cells, *start, get_cells, mb_cells, why])
+    figures = [{x: None if x in silent else med(stats[(x, c)]) for x in loaders} for c in cols]
+    rows += ratio_rows(figures, False, loaders)
+    labels = [f"{w} workers, batch {b}" if w else f"1 process, batch {b}" for w, b in cols]
+    up = r.get("s3", {})
+    uploaded = ", ".join(
+        f"{fmt} {u['objects']} objects, {u['bytes'] / 1e6:,.0f} MB" for fmt, u in up.get("uploaded", {}).items()
+    )
+    v = r.get("versions", {})
+    table = Table(
+        "from S3: every loader's copy on moto's S3 server (127.0.0.1), text records/s, shuffled, cold cache",
+        [
+            "loader",
+            *labels,
+            "1st batch from start, s (1 process)",
+            "records/s from start (1 process)",
+            "server GETs per run",
+            "local cache, MB",
+            "why it failed",
+        ],
+        rows,
+        [
+            f"moto {v.get('moto', '?')} server at {up.get('endpoint', '-')}, in its own process on this machine (its CPU "
+            f"time is taken from the loaders'); the copies uploaded at the start ({up.get('upload_s', 0):.1f} s): "
+            f"{uploaded or '-'}.",
+            "Every run a fresh process with a fresh, empty local cache directory (removed after it), fake credentials in",
+            "its environment only; records/s after the first batch, as in the text table. 1st batch from start: the cold",
+            "set-up included (imports, listing, indexes, the first downloads); records/s from start: every record of the",
+            "run over the time from process start, which counts what a loader downloads before its first batch (tidal",
+            "fetches a line file whole to index it) as much as what it downloads after. server GETs per run: the GET",
+            "requests the server logged during the run (medians, failed runs too; 1 process / 2 workers); local cache: what",
+            "the loader had written to its cache directory by the end. A loader with no GET counted is left out of the",
+            "ratios and targets.",
+            *(f"{x}: {S3_HOW[x]}" for x in loaders),
+            "LitData's obstore client is allowed plain http (its default client options refuse it; real S3 is https).",
+        ],
+    )
+    targets = []
+    for t in (x for x in TIDAL if x in loaders):
+        for i, label in enumerate(labels):
+            top = best(figures[i], False)
+            what = (
+                f"from S3 (moto on loopback): {t}, {label}, at least 1.2x the peers that read the same server "
+                f"(best: {top[0] if top else '-'})"
+            )
+            targets.append(_check("s3", what, figures[i].get(t), top and 1.2 * top[1], False, "rate"))
+    return table, targets
+
+
 def raw_rows(r: dict, threads: int) -> list[tuple[str, str]]:
     """The raw tokenizer's figures: each method on 1 thread and on ``threads``."""
     return [
@@ -1042,7 +1360,8 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in ("tidal", "mosaicml-streaming", "litdata", "datasets", "webdataset", "tokenizers", "torch", "pyarrow"):
+    pkgs = ("tidal", "mosaicml-streaming", "litdata", "datasets", "webdataset", "tokenizers", "torch", "pyarrow")
+    for pkg in (*pkgs, "moto", "s3fs", "obstore", "boto3"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -1114,6 +1433,7 @@ def sections(
         ("first", lambda: first_section(res, loaders)),
         ("resume", lambda: resume_section(res, loaders)),
         ("rss", lambda: rss_section(res, loaders)),
+        ("s3", lambda: s3_section(res, loaders)),
     ]
     for name, build in builders:
         if name in workloads:
@@ -1165,6 +1485,9 @@ def plot(res: dict[str, Any], loaders: list[str], workloads: set[str], threads: 
     if "rss" in workloads:
         series = {f"{w}w": [m(text_name(x, w, 8), "peak_rss_gb") for x in loaders] for w in (0, 2)}
         panels.append(("peak RSS of the process tree, GB", loaders, series))
+    if "s3" in workloads:
+        series = {f"{w}w b{b}": [m(s3_name(x, w, b), "rate") for x in loaders] for w, b in S3_RUNS}
+        panels.append(("from S3 (moto, loopback), cold cache, records/s", loaders, series))
     if "limits" in workloads:
         got = res["runs"].get("cache", [])
         fmts = list(DATA_FILES)
@@ -1214,7 +1537,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=None, help="steady state per measurement (default 8)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repetitions (default 3)")
     ap.add_argument("--loaders", default=",".join(LOADERS), help=f"subset of {','.join(LOADERS)}")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
+    ap.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"subset of {','.join(WORKLOADS)} (default: all but s3)",
+    )
     ap.add_argument(
         "--timeout", type=float, default=120.0, help="seconds before a measurement is abandoned (+ --seconds)"
     )

@@ -24,9 +24,11 @@ What it measures (MB = 1e6 bytes of shard files as stored):
 4. tidal end to end: a shuffled epoch with a cold cache (records/s, MB/s, the time the reader
    waited on I/O), the same epoch with a warm cache (the parsing ceiling), and the time to
    the first batch with a cold cache, iterated directly and through a DataLoader with 2 workers.
-5. Peers reading the same objects from the same server, where installed: HF ``datasets``
-   streaming (Parquet and JSON lines, through fsspec). Mosaic ``streaming`` and LitData read
-   only their own formats from their own layouts; they are reported as not measured.
+5. Peers reading the same objects from the same server: HF ``datasets`` streaming (Parquet
+   and JSON lines, through fsspec). Mosaic ``streaming`` (imported as ``streaming.base``) and
+   LitData read only their own formats (MDS shards, optimized chunks), not these objects: they
+   are measured by ``bench_peers.py --workloads s3``, which puts every peer's native copy of
+   one corpus on moto's S3 server and reads each from there, tidal beside them.
 """
 
 from __future__ import annotations
@@ -356,8 +358,8 @@ def main() -> None:
         out["peers"] = {
             "hf_datasets_streaming_parquet": hf_streaming(s3, urls["parquet"], "parquet", args.seconds),
             "hf_datasets_streaming_jsonl_zst": hf_streaming(s3, urls["jsonl.zst"], "json", args.seconds),
-            "mosaic_streaming": "not measured: reads only its MDS layout; not installed here",
-            "litdata": "not measured: reads only its optimized chunks; not installed here",
+            "mosaic_streaming": "not here (reads only MDS shards): bench_peers.py --workloads s3",
+            "litdata": "not here (reads only its optimized chunks): bench_peers.py --workloads s3",
         }
     out["load_end"] = os.getloadavg()
     report(out)

@@ -71,6 +71,13 @@ class Strings:
         self.starts = np.cumsum([0] + [len(b) for b in batches]).tolist()
         self._view: memoryview | None = None
 
+    @classmethod
+    def empty(cls, starts: list[int]) -> Strings:
+        """One with the batch bounds ``starts`` and no text yet (it comes from shared memory)."""
+        new = cls.__new__(cls)
+        new.data, new.offsets, new.starts, new._view = b"", np.zeros(1, np.int64), starts, None
+        return new
+
     @staticmethod
     def accepts(values: list[Any]) -> bool:
         return all(isinstance(v, list) and all(type(t) is str for t in v) for v in values)
@@ -143,7 +150,13 @@ def nbytes(item: Any) -> int:
 
 
 def bundles(
-    it: Any, worker: int, pack: bool, widen: Widen, max_size: int = MAX_BUNDLE, kind: type[Bundle] = Bundle
+    it: Any,
+    worker: int,
+    pack: bool,
+    widen: Widen,
+    max_size: int = MAX_BUNDLE,
+    kind: type[Bundle] = Bundle,
+    max_bytes: int = MAX_BUNDLE_BYTES,
 ) -> Iterator[Bundle]:
     """A reader's items (``it``: a :class:`tidal.iterator.DatasetIterator`) as bundles of
     1, 2, 4, ... up to ``max_size`` items, ``MAX_BUNDLE_BYTES`` or ``MAX_BUNDLE_SECONDS`` of
@@ -164,7 +177,7 @@ def bundles(
                 states.append(state)
                 if pack:  # the bytes bound a message to another process; in this one nothing is copied
                     total += nbytes(item)
-                if len(items) >= size or total >= MAX_BUNDLE_BYTES or clock() - began >= MAX_BUNDLE_SECONDS:
+                if len(items) >= size or total >= max_bytes or clock() - began >= MAX_BUNDLE_SECONDS:
                     break
             else:
                 yield _stamped(kind(worker, items, states, end=True, pack=pack, widen=widen), it)

@@ -6,6 +6,8 @@
   write beside the data, and the shard cache of remote datasets.
 - ``LOCAL_WORLD_SIZE`` (torchrun) and ``RAYON_NUM_THREADS``: how many threads each tokenizer
   may use, so that ranks x DataLoader workers x tokenizer threads do not exceed the cores.
+- ``TIDAL_SHARED_MEMORY=0``: DataLoader workers send batches through a pipe, not through
+  shared memory (:mod:`tidal.shm`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def share_tokenizer_threads(workers: int) -> None:
     if readers > 1 and "RAYON_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         os.environ["RAYON_NUM_THREADS"] = str(max(1, cores // readers))
+
+
+def shared_memory() -> bool:
+    """Whether DataLoader workers may send batches through shared memory (not ``TIDAL_SHARED_MEMORY=0``)."""
+    return os.environ.get("TIDAL_SHARED_MEMORY", "1").strip() not in ("0", "false", "no", "off")
 
 
 def cache_dir() -> Path:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from tidal import env, shm
 from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
 from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
@@ -90,6 +91,8 @@ class _Bundle(Bundle):
     Packed for another process (``pack``), its integer columns travel narrow (:func:`_narrow`)
     and are widened to int64 as each batch is taken out in the main process."""
 
+    slots = 0  # the ring of shared memory its worker sends through (tidal.shm); 0: the pipe
+
     def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Any):
         super().__init__(worker, items, states, end, pack, _keep if pack else widen)
         self.wide: set[str] = set()
@@ -113,6 +116,20 @@ class _Bundle(Bundle):
             }
         assert self.items is not None
         return _to_torch(self.items[j])
+
+    def __getstate__(self) -> dict:  # pickled in a worker: the arrays through shared memory where it can
+        state = dict(self.__dict__)
+        if self.columns is not None and self.slots:
+            moved = shm.pack_columns(self.columns, self.slots)
+            if moved is not None:
+                state["columns"], state["shm"] = moved
+        return state
+
+    def __setstate__(self, state: dict) -> None:  # in the training process, as the message arrives
+        packed = state.pop("shm", None)
+        if packed is not None:
+            state["columns"] = shm.unpack_columns(state["columns"], packed)
+        self.__dict__.update(state)
 
     def pin_memory(self) -> _Bundle:  # called by torch when pin_memory=True
         new = object.__new__(_Bundle)
@@ -139,6 +156,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.first_epoch = 0
         self.origin: dict | None = None
         self.bundled = False
+        self.slots = 0  # slots of each worker's ring of shared memory (tidal.shm); 0: none
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -151,8 +169,10 @@ class _WorkerStream(torch.utils.data.IterableDataset):
             return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
         return (_to_torch(prepare(item, _widen)) for item in it)
 
-    @staticmethod
-    def _bundles(it: Any, worker: int, pack: bool) -> Iterator[Bundle]:
+    def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle]:
+        if pack and self.slots:
+            _Bundle.slots = self.slots  # this worker's bundles, pickled by its queue's thread
+            return bundles(it, worker, pack, _widen, kind=_Bundle, max_bytes=shm.SLOT_BYTES * 3 // 4)
         return bundles(it, worker, pack, _widen, kind=_Bundle)
 
 
@@ -394,6 +414,8 @@ class DataLoader(torch.utils.data.DataLoader):
             self._iterator = None  # the workers must start from this state
         self._check_pickles()
         self._stream.bundled = True  # for the workers (or the main-process reader) started now
+        # torch asks a worker for about prefetch_factor results ahead: the ring holds those and one more
+        self._stream.slots = (self.prefetch_factor or 2) + 1 if self.num_workers and env.shared_memory() else 0
         try:
             bundles = super().__iter__()
         finally:

@@ -1,0 +1,95 @@
+"""Bundles through shared memory (tidal.shm): the same batches as through a pipe, nothing left behind."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_shards
+
+import tidal
+from tidal import shm
+from tidal.testing import same
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_shards(tmp_path / "data", [40, 75, 13, 60, 52, 33, 90, 17])
+
+
+def segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+
+
+def batches(ds: tidal.Dataset, context: str) -> list[dict]:
+    loader = tidal.DataLoader(ds, num_workers=2, multiprocessing_context=multiprocessing.get_context(context))
+    return list(loader)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_batches_through_shared_memory_are_the_pipes_and_nothing_is_left(
+    data: Path, context: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=3, block_size=40).map(with_numbers).batch(5)
+    before, taken = segments(), shm.taken
+    through_memory = batches(ds, context)
+    assert shm.taken > taken  # the bundles came through shared memory...
+    monkeypatch.setenv("TIDAL_SHARED_MEMORY", "0")
+    taken = shm.taken
+    through_pipe = batches(ds, context)
+    assert shm.taken == taken  # ...and here through the pipe
+    assert len(through_memory) == len(through_pipe) == 76
+    for a, b in zip(through_memory, through_pipe, strict=True):
+        assert same(a, b) and a["text"] == b["text"] and a["vector"].dtype == b["vector"].dtype
+    assert segments() <= before  # every segment unlinked once both sides had it
+
+
+def with_numbers(record: dict) -> dict:
+    return {**record, "vector": np.arange(4, dtype=np.float32) * record["id"], "big": record["id"] * 10**10}
+
+
+def test_packed_token_batches_through_shared_memory_are_the_pipes(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=1).map(token_ids).pack(16).batch(4)
+    through_memory = batches(ds, "fork")
+    monkeypatch.setenv("TIDAL_SHARED_MEMORY", "0")
+    through_pipe = batches(ds, "fork")
+    assert len(through_memory) == len(through_pipe) > 10
+    assert set(through_memory[0]) >= {"input_ids", "labels", "position_ids"}
+    assert all(same(a, b) for a, b in zip(through_memory, through_pipe, strict=True))
+
+
+def token_ids(record: dict) -> dict:
+    return {"input_ids": [record["id"] * 7 % 50_000 + k for k in range(record["id"] % 9 + 1)]}
+
+
+def test_without_shared_memory_batches_go_through_the_pipe(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: shm.Ring, slots: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    expected = batches(tidal.Dataset(data).shuffle(seed=2).batch(7), "fork")
+    monkeypatch.setattr(shm.Ring, "__init__", refuse)  # as a full /dev/shm does; forked workers inherit it
+    taken = shm.taken
+    assert all(
+        same(a, b) for a, b in zip(batches(tidal.Dataset(data).shuffle(seed=2).batch(7), "fork"), expected, strict=True)
+    )
+    assert shm.taken == taken
+
+
+def test_a_slot_not_read_yet_is_never_written() -> None:
+    ring = shm.Ring(2)
+    try:
+        first = ring.put([np.arange(10)])
+        second = ring.put([np.arange(20)])
+        assert first is not None and second is not None
+        assert ring.put([np.arange(30)]) is None  # the next slot holds the first, unread: the pipe takes it
+        assert shm.take(first)[0].tolist() == list(range(10))
+        third = ring.put([np.arange(30)])  # read now: the slot is free
+        assert third is not None and shm.take(third)[0].tolist() == list(range(30))
+        with pytest.raises(tidal.TidalError, match="reused the shared memory of bundle 1"):
+            shm.take(first)  # its slot holds the third now: an error, never the third's data
+        assert ring.put([np.zeros(shm.SLOT_BYTES // 8 + 1)]) is None  # larger than a slot: the pipe
+    finally:
+        ring.shm.close()

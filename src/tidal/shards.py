@@ -78,17 +78,8 @@ class Shards(Sequence[Shard]):
     """
 
     __slots__ = ("bytes", "compressions", "errors", "formats", "hashes", "infos", "paths", "rows", "versions")
-    _ORDER = (
-        "paths",
-        "rows",
-        "bytes",
-        "formats",
-        "compressions",
-        "infos",
-        "versions",
-        "hashes",
-        "errors",
-    )  # __init__'s
+    # the columns in the order __init__ takes them
+    _ORDER = ("paths", "rows", "bytes", "formats", "compressions", "infos", "versions", "hashes", "errors")
 
     def __init__(
         self,
@@ -163,7 +154,7 @@ class Shards(Sequence[Shard]):
             int(self.bytes[i]),
             self.formats[i],
             self.compressions[i],
-            self.infos[i],
+            {} if self.infos[i] is _NO_INFO else self.infos[i],  # never the dict all the others share
             self.versions[i],
             self.hashes[i],
             self.errors[i],

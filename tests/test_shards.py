@@ -14,7 +14,7 @@ import pytest
 from conftest import make_shards, write_jsonl
 
 import tidal
-from tidal.shards import INDEX_NAME, read_index
+from tidal.index_file import INDEX_NAME, read_index
 
 
 def test_the_index_is_cached_beside_the_data_and_reused(tmp_path: Path) -> None:

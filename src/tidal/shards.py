@@ -2,8 +2,7 @@
 :mod:`tidal.listing`).
 
 Counting records means reading every line of a JSON or text file, so the counts are kept in
-an index built once and reused: ``.tidal-index.json`` in the dataset's root directory when
-it is writable, else a file under the user cache dir. An entry is reused while the file's
+an index built once and reused (its file: :mod:`tidal.index_file`). An entry is reused while the file's
 size and modification time are unchanged, so adding shards re-scans only the new ones. The
 index only ever adds facts to files found by listing; it never supplies a path, so nothing
 in it can point outside the dataset.
@@ -21,35 +20,31 @@ a function that returns) the file counts 0 records, is logged (logger ``tidal``,
 ``"skip"``) and keeps its error on its :class:`Shard`, where ``stats()`` and ``tidal
 inspect`` find it. The index never counts records that cannot be read back. A dataset none
 of whose files can be read is an error under every policy.
+
+The shards themselves are kept as columns (:class:`Shards`), never an object per file: a corpus
+of a million files is listed, indexed and sent to every worker in seconds.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import inspect
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
 
-from tidal import env
-from tidal.errors import FormatError, SourceError, StorageError, TidalError
-from tidal.formats import Errors, bad, check_schemas, data_errors, detect, formats, module
-from tidal.storage.cache import mkdirs
+from tidal.errors import FormatError, SourceError, StorageError
+from tidal.formats import Errors, bad, check_schemas, data_errors, detect, module
+from tidal.index_file import INDEX_NAME, Entries, index_path, load, loads, locked, save, usable
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact_urls
 from tidal.storage.urls import protocol, url_root
-
-INDEX_NAME = ".tidal-index.json"
-_INDEX_VERSION = 2
 
 log = logging.getLogger("tidal")
 
@@ -232,12 +227,12 @@ def _nothing(done: int) -> None:
 
 def _index_local(files: list[str], format: str | None, errors: Errors, progress: Callable[[int], None]) -> Shards:
     root = os.path.commonpath(list({f[: f.rfind(os.sep)] or os.sep for f in files}))
-    where = _index_path(root)
+    where = index_path(root)
     sizes, mtimes = _stat(files)
     cut = len(root.rstrip(os.sep)) + 1  # ``root`` and a separator begin every path
     keys = [f[cut:] for f in files] if format is None else [f"{f[cut:]}#{format}" for f in files]
-    with _locked(where):
-        entries = _load(where)
+    with locked(where):
+        entries = load(where)
         at = np.array([entries.at.get(k, -1) for k in keys], dtype=np.int64)
         usable = entries.usable()
         fresh = (at >= 0) & usable[at] & (entries.ints("bytes")[at] == sizes) & (entries.ints("mtime_ns")[at] == mtimes)
@@ -250,7 +245,7 @@ def _index_local(files: list[str], format: str | None, errors: Errors, progress:
                 ):
                     entries.put(keys[j], entry)
                     progress(1)
-            _save(where, entries)
+            save(where, entries)
     return _shards(files, entries, [entries.at[k] for k in keys], format, errors)
 
 
@@ -277,7 +272,7 @@ def _sizes_and_times(files: list[str]) -> tuple[list[int], list[int]]:
     return sizes, times
 
 
-def _shards(files: list[str], entries: _Entries, at: list[int], format: str | None, errors: Errors) -> Shards:
+def _shards(files: list[str], entries: Entries, at: list[int], format: str | None, errors: Errors) -> Shards:
     """``files`` with their index entries (``at``, positions in ``entries``), as shards; files
     that failed their scan handled by the ``errors`` policy."""
     columns = entries.columns
@@ -327,8 +322,8 @@ def _index_remote(
         root = url_root(urls)
         where = storage.root / "index" / f"{hashlib.sha1(root.encode()).hexdigest()[:16]}.json"
         keys = [_key(u, root, format) for u in urls]
-        with _locked(where):
-            entries = _load(where)
+        with locked(where):
+            entries = load(where)
             todo = [j for j, u in enumerate(urls) if not _fresh_remote(entries.get(keys[j]), stats[u])]
             if todo:  # a published index may know them
                 seed = _published(remote, f"{root}/{INDEX_NAME}")
@@ -346,7 +341,7 @@ def _index_remote(
                         progress(1)
                 data = entries.to_json()
                 fetcher.cache.make_room(len(data) + 8192)  # the index lives in the cache: count it
-                _save(where, entries, data)
+                save(where, entries, data)
     finally:
         fetcher.close()
     return _shards(urls, entries, [entries.at[k] for k in keys], format, errors)
@@ -357,17 +352,17 @@ def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
         entry is not None
         and entry.get("bytes") == stat.size
         and entry.get("version") == stat.version
-        and _usable(entry.get("rows"), entry.get("format"), entry.get("error"), entry.get("info"))
+        and usable(entry.get("rows"), entry.get("format"), entry.get("error"), entry.get("info"))
     )
 
 
-def _published(remote: Remote, url: str) -> _Entries:
+def _published(remote: Remote, url: str) -> Entries:
     """The entries of an index published beside the data, if there is one."""
     try:
-        data = _loads(bytes(remote.cat(url)))
+        data = loads(bytes(remote.cat(url)))
     except (StorageError, SourceError, ValueError):
-        return _Entries()
-    return _Entries.parse(data)
+        return Entries()
+    return Entries.parse(data)
 
 
 def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> dict:
@@ -430,150 +425,3 @@ def _scan(path: str, format: str | None, size: int, mtime_ns: int) -> dict:
     if info:
         entry["info"] = info
     return entry
-
-
-def _index_path(root: str) -> Path:
-    local = Path(root) / INDEX_NAME
-    if os.access(root, os.W_OK) and (not local.exists() or os.access(local, os.W_OK)):
-        return local
-    digest = hashlib.sha1(root.encode()).hexdigest()[:16]
-    return env.cache_dir() / "index" / f"{digest}.json"
-
-
-try:  # an index of a million shards is 150 MB of JSON: orjson reads it several times faster
-    from orjson import loads as _loads
-except ImportError:
-    _loads = json.loads  # type: ignore[assignment]
-
-
-class _locked:
-    """An exclusive lock beside the index; the kernel drops it when its process dies."""
-
-    def __init__(self, where: Path):
-        self._path = where.with_name(where.name + ".lock")
-
-    def __enter__(self) -> None:
-        mkdirs(self._path.parent)  # never world-writable, whatever the umask
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self._fd)
-
-
-def index_json(entries: dict[str, dict]) -> bytes:
-    """An index holding ``entries`` (file key to its facts), as :func:`index` writes one: for
-    tools that publish an index beside data they wrote."""
-    table = _Entries()
-    for key, entry in entries.items():
-        table.put(key, entry)
-    return table.to_json()
-
-
-def read_index(data: bytes) -> dict[str, dict]:
-    """The entries of an index (any version this tidal reads), by file key."""
-    table = _Entries.parse(_loads(data))
-    return {key: entry for key in table.keys if (entry := table.get(key)) is not None}
-
-
-def _load(where: Path) -> _Entries:
-    try:
-        data = _loads(where.read_bytes())
-    except (OSError, ValueError):
-        return _Entries()
-    return _Entries.parse(data)
-
-
-def _save(where: Path, entries: _Entries, data: bytes | None = None) -> None:
-    tmp = where.with_name(f"{where.name}.{os.getpid()}.tmp")
-    data = entries.to_json() if data is None else data
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.fchmod(fd, 0o644)  # never world-writable, whatever the umask
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, where)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise TidalError(f"cannot write the shard index {where}: {exc}") from exc
-
-
-_FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error")
-_STORED = {"version": "file_version"}  # a field's name in the file, where another name is taken
-
-
-class _Entries:
-    """An index's entries, one per file key, kept as they are stored: one list per field.
-
-    Written as ``{"version": 2, "files": [keys], "rows": [...], ...}``, a million entries load
-    in a fraction of a second, where as one JSON object each (version 1, still read) they took
-    seconds. An index is only ever a hint: one that is damaged or of another version reads as
-    empty, and an entry that does not hold together is scanned again, never trusted.
-    """
-
-    def __init__(self, keys: list[str] | None = None, columns: dict[str, list] | None = None):
-        self.keys = keys if keys is not None else []
-        self.columns = columns if columns is not None else {f: [] for f in _FIELDS}
-        self.at = {k: i for i, k in enumerate(self.keys)}
-
-    @classmethod
-    def parse(cls, data: Any) -> _Entries:
-        if not isinstance(data, dict):
-            return cls()
-        if data.get("version") == 1 and isinstance(data.get("shards"), dict):
-            entries = cls()
-            for key, entry in data["shards"].items():
-                if isinstance(entry, dict):
-                    entries.put(key, entry)
-            return entries
-        keys = data.get("files")
-        if data.get("version") != _INDEX_VERSION or not isinstance(keys, list):
-            return cls()
-        n = len(keys)
-        columns = {f: data.get(_STORED.get(f, f)) or [None] * n for f in _FIELDS}
-        if not all(isinstance(k, str) for k in keys) or len(set(keys)) != n:
-            return cls()
-        if not all(isinstance(c, list) and len(c) == n for c in columns.values()):
-            return cls()
-        return cls(keys, columns)
-
-    def get(self, key: str) -> dict | None:
-        i = self.at.get(key)
-        if i is None:
-            return None
-        return {f: c[i] for f, c in self.columns.items() if c[i] is not None}
-
-    def put(self, key: str, entry: dict) -> None:
-        i = self.at.get(key)
-        if i is None:
-            i = self.at[key] = len(self.keys)
-            self.keys.append(key)
-            for c in self.columns.values():
-                c.append(None)
-        for f, c in self.columns.items():
-            c[i] = entry.get(f)
-
-    def ints(self, name: str) -> np.ndarray:
-        """Column ``name`` as int64, -1 where it holds no integer; one more -1 at the end, what
-        position -1 (a file the index does not know) finds."""
-        return np.array([v if type(v) is int and v < 1 << 63 else -1 for v in self.columns[name]] + [-1], np.int64)
-
-    def usable(self) -> np.ndarray:
-        """Which entries hold together (and one False at the end, for position -1)."""
-        c = self.columns
-        ok = map(_usable, c["rows"], c["format"], c["error"], c["info"])
-        return np.fromiter([*ok, False], dtype=bool, count=len(self.keys) + 1)
-
-    def to_json(self) -> bytes:
-        out: dict[str, Any] = {"version": _INDEX_VERSION, "files": self.keys}
-        out.update((_STORED.get(f, f), c) for f, c in self.columns.items() if any(v is not None for v in c))
-        return json.dumps(out, separators=(",", ":")).encode()
-
-
-def _usable(rows: Any, format: Any, error: Any, info: Any) -> bool:
-    if error is not None:
-        return isinstance(error, str)
-    return type(rows) is int and rows >= 0 and format in _KNOWN and (info is None or isinstance(info, dict))
-
-
-_KNOWN = frozenset(formats())

@@ -42,7 +42,6 @@ class Ring:
     def __init__(self, slots: int):
         self.slots = slots
         self.shm = shared_memory.SharedMemory(create=True, size=slots * SLOT_BYTES)
-        resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]  # the reader unlinks it
         try:  # the pages now: a full /dev/shm is an error here, not a SIGBUS at the first write
             if hasattr(os, "posix_fallocate"):
                 os.posix_fallocate(self.shm._fd, 0, slots * SLOT_BYTES)  # type: ignore[attr-defined]
@@ -50,6 +49,7 @@ class Ring:
             self.shm.close()
             self.shm.unlink()
             raise
+        resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]  # the reader unlinks it
         self.seq = 0
         self.pid = os.getpid()
 

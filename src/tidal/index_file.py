@@ -1,0 +1,175 @@
+"""The shard index's file: what a scan found about each file, kept between runs.
+
+``.tidal-index.json`` in the dataset's root directory when it is writable, else a file under
+the user cache dir (remote datasets: under the shard cache). Version 2, written here, holds one
+list per field in the order of ``"files"`` (paths relative to the root); version 1, one object
+per file, is still read, from old indexes and from indexes published beside remote data. An
+index is only a hint: one that does not hold together reads as empty, an entry that does not is
+scanned again, and none can name a file (:mod:`tidal.shards` keeps only the files it listed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tidal import env
+from tidal.errors import TidalError
+from tidal.formats import formats
+from tidal.storage.cache import mkdirs
+
+INDEX_NAME = ".tidal-index.json"
+VERSION = 2
+
+
+def index_path(root: str) -> Path:
+    local = Path(root) / INDEX_NAME
+    if os.access(root, os.W_OK) and (not local.exists() or os.access(local, os.W_OK)):
+        return local
+    digest = hashlib.sha1(root.encode()).hexdigest()[:16]
+    return env.cache_dir() / "index" / f"{digest}.json"
+
+
+try:  # an index of a million shards is 150 MB of JSON: orjson reads it several times faster
+    from orjson import loads as loads
+except ImportError:
+    loads = json.loads  # type: ignore[assignment]
+
+
+class locked:
+    """An exclusive lock beside the index; the kernel drops it when its process dies."""
+
+    def __init__(self, where: Path):
+        self._path = where.with_name(where.name + ".lock")
+
+    def __enter__(self) -> None:
+        mkdirs(self._path.parent)  # never world-writable, whatever the umask
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+
+def index_json(entries: dict[str, dict]) -> bytes:
+    """An index holding ``entries`` (file key to its facts), as :func:`index` writes one: for
+    tools that publish an index beside data they wrote."""
+    table = Entries()
+    for key, entry in entries.items():
+        table.put(key, entry)
+    return table.to_json()
+
+
+def read_index(data: bytes) -> dict[str, dict]:
+    """The entries of an index (any version this tidal reads), by file key."""
+    table = Entries.parse(loads(data))
+    return {key: entry for key in table.keys if (entry := table.get(key)) is not None}
+
+
+def load(where: Path) -> Entries:
+    try:
+        data = loads(where.read_bytes())
+    except (OSError, ValueError):
+        return Entries()
+    return Entries.parse(data)
+
+
+def save(where: Path, entries: Entries, data: bytes | None = None) -> None:
+    tmp = where.with_name(f"{where.name}.{os.getpid()}.tmp")
+    data = entries.to_json() if data is None else data
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.fchmod(fd, 0o644)  # never world-writable, whatever the umask
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, where)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TidalError(f"cannot write the shard index {where}: {exc}") from exc
+
+
+_FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error")
+_STORED = {"version": "file_version"}  # a field's name in the file, where another name is taken
+
+
+class Entries:
+    """An index's entries, one per file key, kept as they are stored: one list per field.
+
+    Written as ``{"version": 2, "files": [keys], "rows": [...], ...}``, a million entries load
+    in a fraction of a second, where as one JSON object each (version 1, still read) they took
+    seconds. An index is only ever a hint: one that is damaged or of another version reads as
+    empty, and an entry that does not hold together is scanned again, never trusted.
+    """
+
+    def __init__(self, keys: list[str] | None = None, columns: dict[str, list] | None = None):
+        self.keys = keys if keys is not None else []
+        self.columns = columns if columns is not None else {f: [] for f in _FIELDS}
+        self.at = {k: i for i, k in enumerate(self.keys)}
+
+    @classmethod
+    def parse(cls, data: Any) -> Entries:
+        if not isinstance(data, dict):
+            return cls()
+        if data.get("version") == 1 and isinstance(data.get("shards"), dict):
+            entries = cls()
+            for key, entry in data["shards"].items():
+                if isinstance(entry, dict):
+                    entries.put(key, entry)
+            return entries
+        keys = data.get("files")
+        if data.get("version") != VERSION or not isinstance(keys, list):
+            return cls()
+        n = len(keys)
+        columns = {f: data.get(_STORED.get(f, f)) or [None] * n for f in _FIELDS}
+        if not all(isinstance(k, str) for k in keys) or len(set(keys)) != n:
+            return cls()
+        if not all(isinstance(c, list) and len(c) == n for c in columns.values()):
+            return cls()
+        return cls(keys, columns)
+
+    def get(self, key: str) -> dict | None:
+        i = self.at.get(key)
+        if i is None:
+            return None
+        return {f: c[i] for f, c in self.columns.items() if c[i] is not None}
+
+    def put(self, key: str, entry: dict) -> None:
+        i = self.at.get(key)
+        if i is None:
+            i = self.at[key] = len(self.keys)
+            self.keys.append(key)
+            for c in self.columns.values():
+                c.append(None)
+        for f, c in self.columns.items():
+            c[i] = entry.get(f)
+
+    def ints(self, name: str) -> np.ndarray:
+        """Column ``name`` as int64, -1 where it holds no integer; one more -1 at the end, what
+        position -1 (a file the index does not know) finds."""
+        return np.array([v if type(v) is int and v < 1 << 63 else -1 for v in self.columns[name]] + [-1], np.int64)
+
+    def usable(self) -> np.ndarray:
+        """Which entries hold together (and one False at the end, for position -1)."""
+        c = self.columns
+        ok = map(usable, c["rows"], c["format"], c["error"], c["info"])
+        return np.fromiter([*ok, False], dtype=bool, count=len(self.keys) + 1)
+
+    def to_json(self) -> bytes:
+        out: dict[str, Any] = {"version": VERSION, "files": self.keys}
+        out.update((_STORED.get(f, f), c) for f, c in self.columns.items() if any(v is not None for v in c))
+        return json.dumps(out, separators=(",", ":")).encode()
+
+
+def usable(rows: Any, format: Any, error: Any, info: Any) -> bool:
+    if error is not None:
+        return isinstance(error, str)
+    return type(rows) is int and rows >= 0 and format in _KNOWN and (info is None or isinstance(info, dict))
+
+
+_KNOWN = frozenset(formats())

@@ -155,7 +155,7 @@ def bundles(
     pack: bool,
     widen: Widen,
     max_size: int = MAX_BUNDLE,
-    kind: type[Bundle] = Bundle,
+    kind: Callable[..., Bundle] = Bundle,
     max_bytes: int = MAX_BUNDLE_BYTES,
 ) -> Iterator[Bundle]:
     """A reader's items (``it``: a :class:`tidal.iterator.DatasetIterator`) as bundles of

@@ -37,7 +37,7 @@ def index_path(root: str) -> Path:
 
 
 try:  # an index of a million shards is 150 MB of JSON: orjson reads it several times faster
-    from orjson import loads as loads
+    from orjson import loads
 except ImportError:
     loads = json.loads  # type: ignore[assignment]
 
@@ -157,7 +157,7 @@ class Entries:
     def usable(self) -> np.ndarray:
         """Which entries hold together (and one False at the end, for position -1)."""
         c = self.columns
-        ok = map(usable, c["rows"], c["format"], c["error"], c["info"])
+        ok = map(holds_together, c["rows"], c["format"], c["error"], c["info"])
         return np.fromiter([*ok, False], dtype=bool, count=len(self.keys) + 1)
 
     def to_json(self) -> bytes:
@@ -166,7 +166,8 @@ class Entries:
         return json.dumps(out, separators=(",", ":")).encode()
 
 
-def usable(rows: Any, format: Any, error: Any, info: Any) -> bool:
+def holds_together(rows: Any, format: Any, error: Any, info: Any) -> bool:
+    """Whether an entry's facts can be trusted as what a scan found (else the file is scanned again)."""
     if error is not None:
         return isinstance(error, str)
     return type(rows) is int and rows >= 0 and format in _KNOWN and (info is None or isinstance(info, dict))

@@ -20,6 +20,7 @@ after it, which counts only when the batch reaches the training loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import sys
@@ -91,10 +92,11 @@ class _Bundle(Bundle):
     Packed for another process (``pack``), its integer columns travel narrow (:func:`_narrow`)
     and are widened to int64 as each batch is taken out in the main process."""
 
-    slots = 0  # the ring of shared memory its worker sends through (tidal.shm); 0: the pipe
-
-    def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Any):
+    def __init__(
+        self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Any, slots: int = 0
+    ):
         super().__init__(worker, items, states, end, pack, _keep if pack else widen)
+        self.slots = slots  # of the ring of shared memory its worker sends through (tidal.shm); 0: the pipe
         self.wide: set[str] = set()
         if self.columns is not None:
             for name, col in self.columns.items():
@@ -171,8 +173,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
 
     def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle]:
         if pack and self.slots:
-            _Bundle.slots = self.slots  # this worker's bundles, pickled by its queue's thread
-            return bundles(it, worker, pack, _widen, kind=_Bundle, max_bytes=shm.SLOT_BYTES * 3 // 4)
+            kind = functools.partial(_Bundle, slots=self.slots)
+            return bundles(it, worker, pack, _widen, kind=kind, max_bytes=shm.SLOT_BYTES * 3 // 4)
         return bundles(it, worker, pack, _widen, kind=_Bundle)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from tidal.errors import FormatError, SourceError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, module
-from tidal.index_file import INDEX_NAME, Entries, index_path, load, loads, locked, save, usable
+from tidal.index_file import INDEX_NAME, Entries, holds_together, index_path, load, loads, locked, save
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact_urls
@@ -229,8 +229,7 @@ def _index_local(files: list[str], format: str | None, errors: Errors, progress:
     root = os.path.commonpath(list({f[: f.rfind(os.sep)] or os.sep for f in files}))
     where = index_path(root)
     sizes, mtimes = _stat(files)
-    cut = len(root.rstrip(os.sep)) + 1  # ``root`` and a separator begin every path
-    keys = [f[cut:] for f in files] if format is None else [f"{f[cut:]}#{format}" for f in files]
+    keys = _keys(files, root, format)
     with locked(where):
         entries = load(where)
         at = np.array([entries.at.get(k, -1) for k in keys], dtype=np.int64)
@@ -321,7 +320,7 @@ def _index_remote(
             stats.update(zip(missing, pool.map(remote.stat, missing), strict=True))
         root = url_root(urls)
         where = storage.root / "index" / f"{hashlib.sha1(root.encode()).hexdigest()[:16]}.json"
-        keys = [_key(u, root, format) for u in urls]
+        keys = _keys(urls, root, format)
         with locked(where):
             entries = load(where)
             todo = [j for j, u in enumerate(urls) if not _fresh_remote(entries.get(keys[j]), stats[u])]
@@ -352,7 +351,7 @@ def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
         entry is not None
         and entry.get("bytes") == stat.size
         and entry.get("version") == stat.version
-        and usable(entry.get("rows"), entry.get("format"), entry.get("error"), entry.get("info"))
+        and holds_together(entry.get("rows"), entry.get("format"), entry.get("error"), entry.get("info"))
     )
 
 
@@ -406,9 +405,12 @@ def _scan_file(name: str, url: str, compression: str | None, file: Any) -> dict:
         raise FormatError(str(exc).replace(file, url)) from None
 
 
-def _key(path: str, root: str, format: str | None) -> str:
-    rel = path[len(root) :].lstrip(os.sep)  # ``root`` is a prefix of every path: cheaper than relpath
-    return rel if format is None else f"{rel}#{format}"
+def _keys(paths: list[str], root: str, format: str | None) -> list[str]:
+    """Each path's key in the index: relative to ``root``, a prefix of every path (slicing is
+    cheaper than relpath), tagged with ``format=`` when one was given."""
+    cut = len(root)
+    rel = [p[cut:].lstrip("/") for p in paths]
+    return rel if format is None else [f"{r}#{format}" for r in rel]
 
 
 def _scan(path: str, format: str | None, size: int, mtime_ns: int) -> dict:

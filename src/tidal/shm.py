@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from tidal.bundle import Strings
 from tidal.errors import TidalError
 
 SLOT_BYTES = 16 << 20  # a bundle larger than this goes through the pipe
@@ -153,8 +154,6 @@ def _alive(pid: int) -> bool:
 def pack_columns(columns: dict[str, Any], slots: int) -> tuple[dict[str, Any], tuple] | None:
     """A bundle's numeric columns and text buffers written to this process's ring: the columns
     without them, and where they are; None when there is no ring or they do not fit a slot."""
-    from tidal.bundle import Strings
-
     names, arrays = [], []
     rest = dict(columns)
     for key, col in columns.items():

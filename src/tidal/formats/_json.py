@@ -89,10 +89,10 @@ def _check_strings(value: Any) -> None:
             stack.extend(item)
 
 
-def loads_stdlib(data: bytes) -> Any:
+def loads_stdlib(data: bytes | memoryview) -> Any:
     """One JSON document from UTF-8 bytes, with the standard library, by orjson's rules."""
     try:
-        text = data.decode("utf-8")
+        text = str(data, "utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8: {exc.reason} at byte {exc.start}") from None
     if text.startswith("\ufeff"):
@@ -115,10 +115,10 @@ def loads_stdlib(data: bytes) -> Any:
 
 
 #: The parser :mod:`tidal.formats.jsonl` uses: orjson's ``loads`` when installed.
-loads: Callable[[bytes], Any] = orjson.loads if orjson is not None else loads_stdlib
+loads: Callable[[bytes | memoryview], Any] = orjson.loads if orjson is not None else loads_stdlib
 
 
-def reason(data: bytes, exc: ValueError) -> str:
+def reason(data: bytes | memoryview, exc: ValueError) -> str:
     """Why ``data`` is not JSON, in :func:`loads_stdlib`'s words whichever parser raised ``exc``."""
     try:
         loads_stdlib(data)

@@ -25,31 +25,30 @@ CHECKPOINT_ROWS = 4096
 _PIECE = 1 << 22
 
 
-def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int, bytes]]:
-    """(byte offset, 1-based line number, line without its end) for every non-empty line."""
+def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int]]:
+    """(byte offset, 1-based line number) of every non-empty line."""
     carry = b""
     start = offset
     while True:
         data = f.read(_PIECE)
         if not data:
             break
-        parts = (carry + data).split(b"\n")
-        carry = parts.pop()
+        parts, carry = _split(data, carry)
         for part in parts:
             line += 1
-            n = len(part) + 1
-            if part and part != b"\r":
-                yield start, line, part[:-1] if part.endswith(b"\r") else part
-            start += n
+            n = len(part)
+            if n > 1 or (n == 1 and part[0] != 13):
+                yield start, line
+            start += n + 1
     if carry and carry != b"\r":
-        yield start, line + 1, carry[:-1] if carry.endswith(b"\r") else carry
+        yield start, line + 1
 
 
 def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     rows = 0
     checkpoints: list[list[int]] = []
     with open_stream(path, file or path, compression) as f:
-        for offset, line, _ in _iter_lines(f, 0, 0):
+        for offset, line in _iter_lines(f, 0, 0):
             if compression is None and rows % CHECKPOINT_ROWS == 0:
                 checkpoints.append([rows, offset, line - 1])
             rows += 1
@@ -59,10 +58,28 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     return info
 
 
+def _split(data: bytes, carry: bytes) -> tuple[list[bytes | memoryview], bytes]:
+    """The complete lines of ``carry + data``, without their ends, and what follows the last
+    one. Lines are views of ``data`` (the first joined to ``carry``): ``bytes.split`` would
+    copy every byte once more, and joining ``carry + data`` once again."""
+    find = data.find
+    end = find(b"\n")
+    if end < 0:
+        return [], carry + data
+    view = memoryview(data)
+    lines: list[bytes | memoryview] = [carry + data[:end] if carry else view[:end]]
+    append = lines.append
+    start = end + 1
+    while (end := find(b"\n", start)) >= 0:
+        append(view[start:end])
+        start = end + 1
+    return lines, data[start:]
+
+
 class LineReader:
     """Reads rows ``[start, stop)`` as bytes with their line numbers; cheap when called in order.
 
-    Works a piece of ``_PIECE`` bytes at a time with ``bytes.split``, not line by line.
+    Works a piece of ``_PIECE`` bytes at a time, not line by line.
     """
 
     def __init__(self, path: str, compression: str | None, info: dict):
@@ -75,8 +92,8 @@ class LineReader:
         self._checkpoints = info.get("checkpoints", [])
         self._file: IO[bytes] | None = None
         self._row = 0  # the row number of self._rows[self._at]
-        self._rows: list[bytes] = []  # the current piece's rows
-        self._index: list[int] = []  # their positions among the piece's lines
+        self._rows: list[bytes | memoryview] = []  # the current piece's rows
+        self._index: list[int] | None = []  # their positions among the piece's lines; None: the same
         self._base = 0  # the line number before the current piece's first line
         self._next_base = 0
         self._at = 0
@@ -97,28 +114,30 @@ class LineReader:
         assert self._file is not None
         data = self._file.read(_PIECE)
         if data:
-            parts = (self._carry + data).split(b"\n")
-            self._carry = parts.pop()
+            lines, self._carry = _split(data, self._carry)
         elif self._carry:
-            parts, self._carry = [self._carry], b""
+            lines, self._carry = [self._carry], b""
         else:
             return False
-        index = [i for i, p in enumerate(parts) if p and p != b"\r"]
-        rows = [parts[i] for i in index]
-        if any(r.endswith(b"\r") for r in rows):
-            rows = [r[:-1] if r.endswith(b"\r") else r for r in rows]
-        self._rows, self._index, self._at = rows, index, 0
-        self._base, self._next_base = self._next_base, self._next_base + len(parts)
+        if lines and (b"\r" in data or not all(lines) or lines[0][-1] == 13):  # CRLF, or blank lines
+            kept = [i for i, p in enumerate(lines) if len(p) and not (len(p) == 1 and p[0] == 13)]
+            rows = [lines[i] for i in kept]
+            self._rows, self._index = [r[:-1] if r[-1] == 13 else r for r in rows], kept
+        else:
+            self._rows, self._index = lines, None  # every line is a record, as is
+        self._at = 0
+        self._base, self._next_base = self._next_base, self._next_base + len(lines)
         return True
 
-    def read_rows(self, start: int, stop: int) -> tuple[list[bytes], list[int]]:
-        """The rows and their 1-based line numbers."""
+    def read_rows(self, start: int, stop: int) -> tuple[list[bytes | memoryview], list[int]]:
+        """The rows (views of the piece read, mostly: a copy costs as much as parsing) and
+        their 1-based line numbers."""
         if stop <= start:
             return [], []
         far = self._compression is None and start - self._row > CHECKPOINT_ROWS
         if self._file is None or start < self._row or far:
             self._open_at(start)
-        rows: list[bytes] = []
+        rows: list[bytes | memoryview] = []
         lines: list[int] = []
         while self._row < stop:
             if self._at >= len(self._rows) and not self._refill():
@@ -134,7 +153,10 @@ class LineReader:
                 a, z = self._at, self._at + take
                 rows += self._rows[a:z]
                 base = self._base + 1
-                lines += [base + i for i in self._index[a:z]]
+                if self._index is None:
+                    lines += range(base + a, base + z)
+                else:
+                    lines += [base + i for i in self._index[a:z]]
                 self._at, self._row = z, self._row + take
         return rows, lines
 

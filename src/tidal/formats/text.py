@@ -29,14 +29,14 @@ class TextReader:
     def read(self, start: int, stop: int) -> Piece:
         rows, lines = self._lines.read_rows(start, stop)
         try:
-            return Piece([{"text": data.decode()} for data in rows])
+            return Piece([{"text": str(data, "utf-8")} for data in rows])
         except UnicodeDecodeError:
             pass  # find the bad lines one by one
         records: list[Any] = []
         valid = np.ones(len(rows), dtype=bool)
         for i, data in enumerate(rows):
             try:
-                records.append({"text": data.decode()})
+                records.append({"text": str(data, "utf-8")})
             except UnicodeDecodeError as exc:
                 bad(self._errors, RecordError(f"not UTF-8 text: {exc}", path=self._path, line=lines[i]))
                 valid[i] = False

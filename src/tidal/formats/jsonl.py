@@ -27,7 +27,7 @@ class JsonlReader:
     def __init__(self, path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors):
         self._lines = LineReader(path, compression, info)
         self._path = path
-        self._columns = columns
+        self._columns = tuple(columns) if columns is not None else None
         self._errors = errors
 
     def read(self, start: int, stop: int) -> Piece:
@@ -50,18 +50,18 @@ class JsonlReader:
                         path=self._path,
                         line=lines[i],
                     )
-                elif columns is not None:
-                    missing = [c for c in columns if c not in rec]
-                    if missing:
+                elif columns is not None and tuple(rec) != columns:  # fields as asked for: the record as it is
+                    try:
+                        rec = {c: rec[c] for c in columns}
+                    except KeyError:
+                        missing = next(c for c in columns if c not in rec)
                         fields = ", ".join(sorted(rec)) or "none"
                         error = RecordError(
-                            f"malformed JSON record: no field {missing[0]!r} (fields: {fields})",
+                            f"malformed JSON record: no field {missing!r} (fields: {fields})",
                             path=self._path,
                             line=lines[i],
-                            column=missing[0],
+                            column=missing,
                         )
-                    else:
-                        rec = {c: rec[c] for c in columns}
             if error is not None:
                 bad(self._errors, error)
                 if valid is None:

@@ -40,11 +40,29 @@ def share_tokenizer_threads(workers: int) -> None:
     outnumber cores and every one of them slows down. Set once, before the pool starts (its
     first batch); a value the user set is kept.
     """
-    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    readers = workers * (int(local) if local.isdigit() and int(local) > 0 else 1)
+    readers = workers * _local_ranks()
     if readers > 1 and "RAYON_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        os.environ["RAYON_NUM_THREADS"] = str(max(1, cores // readers))
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, _cores() // readers))
+
+
+def read_threads() -> int:
+    """Threads a reader alone in its process decodes a block's files with (Parquet, Arrow): its
+    ranks' share of the cores, at most 4; ``TIDAL_READ_THREADS=1`` decodes in the reader's own."""
+    given = os.environ.get("TIDAL_READ_THREADS", "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise TidalError(f"TIDAL_READ_THREADS must be a positive integer, not {given!r}")
+        return int(given)
+    return max(1, min(4, _cores() // _local_ranks()))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _local_ranks() -> int:
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return int(local) if local.isdigit() and int(local) > 0 else 1
 
 
 def shared_memory() -> bool:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import IO, Any, Literal, Protocol
@@ -306,3 +306,9 @@ def check_options(name: str, options: Options | None) -> Options:
 
 def module(name: str) -> ModuleType:
     return importlib.import_module(_MODULES[name])
+
+
+def threaded(formats: Iterable[str]) -> bool:
+    """Whether every one of these formats decodes with the GIL released (its module says
+    ``DECODES_WITHOUT_GIL``): only then do threads reading several files at once add cores."""
+    return all(getattr(module(name), "DECODES_WITHOUT_GIL", False) for name in set(formats))

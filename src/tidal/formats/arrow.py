@@ -34,6 +34,8 @@ __all__ = ["NAME", "columns", "open", "scan"]
 
 FILE_MAGIC = b"ARROW1"
 
+DECODES_WITHOUT_GIL = True  # pyarrow decodes with the GIL released: see tidal.formats.threaded
+
 
 def _is_file(path: str, src: Any) -> bool:
     f = open_stream(path, src)

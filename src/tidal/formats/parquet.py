@@ -34,6 +34,8 @@ BUFFER = 1 << 20  # a local file is read 1 MiB at a time as its pages are decode
 
 Source = str | IO[bytes] | Callable[[], IO[bytes]]
 
+DECODES_WITHOUT_GIL = True  # pyarrow decodes with the GIL released: see tidal.formats.threaded
+
 
 def _open_file(path: str, file: Any = None) -> pq.ParquetFile:
     source = path if file is None else file() if callable(file) else file

@@ -29,6 +29,10 @@ class Policy:
         self.bad_files: set[str] = set()  # files with a part (not a record) unreadable
         self.missing: dict[str, str] = {}  # columns= names missing from records of this block: first error
         self.stopped: BaseException | None = None  # what the user's function raised
+        # while a block's files are read in threads: what they skipped, per file, handed over
+        # afterwards in file order (see replay), so that logs, counts and a function see what
+        # reading them one by one shows
+        self.deferred: dict[str, list[TidalError]] | None = None
 
     def for_file(self, path: str) -> FilePolicy:
         return FilePolicy(self, path)
@@ -36,6 +40,10 @@ class Policy:
     def __call__(self, path: str, error: TidalError) -> None:
         if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
             raise error
+        deferred = self.deferred
+        if deferred is not None:
+            deferred.setdefault(path, []).append(error)
+            return
         if callable(self.errors):
             try:
                 self.errors(error)
@@ -52,6 +60,12 @@ class Policy:
         if self.errors == "skip" and path not in self.logged:  # a function logs if it wants to
             self.logged.add(path)
             log.warning("skipping bad data: %s [more in this file is counted in stats(), not logged]", error)
+
+
+    def replay(self, path: str, deferred: dict[str, list[TidalError]]) -> None:
+        """Hand over what reading ``path`` in a thread skipped, in its order (a function may raise)."""
+        for error in deferred.pop(path, []):
+            self(path, error)
 
 
 class FilePolicy:

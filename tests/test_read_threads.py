@@ -1,0 +1,119 @@
+"""A reader alone in its process reads a block's Parquet files side by side in threads: the same
+records, and the same errors, counts, logs and calls of an ``errors=`` function, in the same
+order, as reading them one by one (``TIDAL_READ_THREADS=1``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tidal
+
+
+def _corpus(root: Path) -> Path:
+    """Six Parquet files of several row groups; one with a zeroed row group, one with a string
+    that is not UTF-8, one whose footer is damaged after it was indexed (it cannot be opened)."""
+    root.mkdir()
+    for f in range(6):
+        ids = list(range(f * 1000, f * 1000 + 90))
+        text = pa.array([f"row {i} ".encode() * 3 for i in ids], pa.binary())
+        if f == 2:
+            text = pa.array([b"bad \xff" if i % 45 == 7 else t.as_py() for i, t in zip(ids, text, strict=True)], pa.binary())
+        path = root / f"part-{f}.parquet"
+        pq.write_table(pa.table({"id": ids, "text": text.view(pa.string())}), path, row_group_size=20)
+        if f == 1:
+            col = pq.ParquetFile(path).metadata.row_group(2).column(1)
+            start = col.dictionary_page_offset or col.data_page_offset
+            data = bytearray(path.read_bytes())
+            data[start : start + col.total_compressed_size] = b"\x00" * col.total_compressed_size
+            path.write_bytes(bytes(data))
+    tidal.Dataset(root)  # indexed whole; then part-4's footer is damaged, its size and time kept
+    damaged = root / "part-4.parquet"
+    stat = damaged.stat()
+    damaged.write_bytes(damaged.read_bytes()[:-4] + b"XXXX")
+    os.utime(damaged, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the index cannot see it
+    return root
+
+
+def _read(root: Path, threads: str, monkeypatch: pytest.MonkeyPatch, caplog: Any, errors: Any) -> tuple:
+    monkeypatch.setenv("TIDAL_READ_THREADS", threads)
+    caplog.clear()
+    seen_threads = set()
+    ds = tidal.Dataset(root, errors=errors).shuffle(seed=3, block_size=200, shards_per_block=4)
+    it = ds.iterator()
+    records = []
+    for rec in it:
+        records.append(rec)
+        seen_threads |= {t.name.split("_")[0] for t in threading.enumerate() if t.name.startswith("tidal-read")}
+    stats = {k: it.stats()[k] for k in ("rows_read", "skipped", "bad_files")}
+    logged = [r.getMessage() for r in caplog.records if r.name == "tidal"]
+    return records, stats, logged, seen_threads
+
+
+def test_threads_read_the_same_records_and_skip_the_same_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = _corpus(tmp_path / "data")
+    caplog.set_level(logging.WARNING, logger="tidal")
+    one = _read(root, "1", monkeypatch, caplog, "skip")
+    four = _read(root, "4", monkeypatch, caplog, "skip")
+    assert one[3] == set() and four[3] == {"tidal-read"}  # threads only where asked for
+    assert four[0] == one[0]
+    assert four[1] == one[1]
+    assert one[1]["skipped"] > 0 and one[1]["bad_files"] >= 1
+    assert four[2] == one[2] and len(one[2]) == 3  # one warning per bad file, in the same order
+
+    calls: dict[str, list[str]] = {"1": [], "4": []}
+    for threads, seen in calls.items():
+        _read(root, threads, monkeypatch, caplog, lambda e, seen=seen: seen.append(str(e)))
+    assert calls["4"] == calls["1"] and len(calls["1"]) > 3
+
+
+def test_threads_raise_the_first_error_in_file_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _corpus(tmp_path / "data")
+    raised = {}
+    for threads in ("1", "4"):
+        monkeypatch.setenv("TIDAL_READ_THREADS", threads)
+        ds = tidal.Dataset(root).shuffle(seed=3, block_size=200, shards_per_block=4)
+        got = []
+        with pytest.raises(tidal.TidalError) as info:
+            for rec in ds:
+                got.append(rec["id"])
+        raised[threads] = (str(info.value), got)
+    assert raised["4"] == raised["1"]
+
+
+def test_a_function_that_stops_the_reader_stops_it_at_the_same_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _corpus(tmp_path / "data")
+
+    class Enough(Exception):
+        pass
+
+    def stop(error: tidal.TidalError) -> None:
+        raise Enough(str(error))
+
+    outcome = {}
+    for threads in ("1", "4"):
+        monkeypatch.setenv("TIDAL_READ_THREADS", threads)
+        ds = tidal.Dataset(root, errors=stop).shuffle(seed=3, block_size=200, shards_per_block=4)
+        with pytest.raises(Enough) as info:
+            list(ds)
+        outcome[threads] = str(info.value)
+    assert outcome["4"] == outcome["1"]
+
+
+def test_bad_setting_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": [1, 2]}), path)
+    monkeypatch.setenv("TIDAL_READ_THREADS", "two")
+    with pytest.raises(tidal.TidalError, match="TIDAL_READ_THREADS must be a positive integer, not 'two'"):
+        list(tidal.Dataset(path))

@@ -25,7 +25,9 @@ def _corpus(root: Path) -> Path:
         ids = list(range(f * 1000, f * 1000 + 90))
         text = pa.array([f"row {i} ".encode() * 3 for i in ids], pa.binary())
         if f == 2:
-            text = pa.array([b"bad \xff" if i % 45 == 7 else t.as_py() for i, t in zip(ids, text, strict=True)], pa.binary())
+            text = pa.array(
+                [b"bad \xff" if i % 45 == 7 else t.as_py() for i, t in zip(ids, text, strict=True)], pa.binary()
+            )
         path = root / f"part-{f}.parquet"
         pq.write_table(pa.table({"id": ids, "text": text.view(pa.string())}), path, row_group_size=20)
         if f == 1:
@@ -117,3 +119,19 @@ def test_bad_setting_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TIDAL_READ_THREADS", "two")
     with pytest.raises(tidal.TidalError, match="TIDAL_READ_THREADS must be a positive integer, not 'two'"):
         list(tidal.Dataset(path))
+
+
+def test_an_iterator_left_open_at_exit_says_nothing(tmp_path: Path) -> None:
+    """The interpreter exits with a reader and its threads still open: no error on the way out."""
+    import subprocess
+    import sys
+
+    for f in range(3):
+        pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), tmp_path / f"{f}.parquet")
+    code = (
+        f"import tidal, threading; it = iter(tidal.DataLoader(tidal.Dataset({str(tmp_path)!r}).shuffle(seed=0)));"
+        " next(it); assert any(t.name.startswith('tidal-read') for t in threading.enumerate())"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""

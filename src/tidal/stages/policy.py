@@ -61,7 +61,6 @@ class Policy:
             self.logged.add(path)
             log.warning("skipping bad data: %s [more in this file is counted in stats(), not logged]", error)
 
-
     def replay(self, path: str, deferred: dict[str, list[TidalError]]) -> None:
         """Hand over what reading ``path`` in a thread skipped, in its order (a function may raise)."""
         for error in deferred.pop(path, []):

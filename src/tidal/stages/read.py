@@ -471,8 +471,11 @@ class ReadIterator(StageIterator):
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
-        if pool is not None and pool[0] == os.getpid():
-            pool[1].shutdown(wait=True)  # a read in flight (the loop was interrupted) ends before its file closes
+        try:
+            if pool is not None and pool[0] == os.getpid():
+                pool[1].shutdown(wait=True)  # a read in flight (the loop was interrupted) ends before its file closes
+        except Exception:  # the interpreter is exiting (its globals are gone): the threads were joined already
+            pass
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()

@@ -126,11 +126,12 @@ def test_an_iterator_left_open_at_exit_says_nothing(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    for f in range(3):
-        pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), tmp_path / f"{f}.parquet")
+    for f in range(8):
+        pq.write_table(pa.table({"id": list(range(f * 5000, f * 5000 + 5000))}), tmp_path / f"{f}.parquet")
     code = (
-        f"import tidal, threading; it = iter(tidal.DataLoader(tidal.Dataset({str(tmp_path)!r}).shuffle(seed=0)));"
-        " next(it); assert any(t.name.startswith('tidal-read') for t in threading.enumerate())"
+        f"import torch, tidal, threading; ds = tidal.Dataset({str(tmp_path)!r}).shuffle(seed=1).repeat().batch(8); "
+        "loader = tidal.DataLoader(ds); it = iter(loader); b = next(it); "
+        "assert any(t.name.startswith('tidal-read') for t in threading.enumerate())"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

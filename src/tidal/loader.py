@@ -242,6 +242,16 @@ def _every_rank_has(batch: bool) -> bool:
     return bool(flag.item())
 
 
+class _Counts:
+    """What the training loop received: batches, tokens, and the seconds it waited for them."""
+
+    __slots__ = ("batches", "tokens", "waited")
+
+    def __init__(self) -> None:
+        self.batches = self.tokens = 0
+        self.waited = 0.0
+
+
 class DataLoader(torch.utils.data.DataLoader):
     """A torch DataLoader over a tidal :class:`~tidal.Dataset`, with exact, small state.
 
@@ -310,8 +320,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._local = schema.fresh_rank(self._workers)  # this rank's readers: what the training loop consumed
         self._undo: deque[tuple[int, dict | None, int, int, int]] = deque(maxlen=UNDO)  # how to step back a batch
         self._reader_stats: dict[int, dict] = {}  # each reader's counters, from its latest bundle
-        self._batches = self._tokens = 0
-        self._waited = 0.0  # seconds the training loop waited for a batch
+        self._counts = _Counts()  # not attributes of the loader: torch's __setattr__ costs a µs each
         self._started: float | None = None
         self._log_every = log_every
         self._logged = 0.0
@@ -347,14 +356,15 @@ class DataLoader(torch.utils.data.DataLoader):
         >>> loader.stats()["wait_share"]    # 0.02: the loop waited on data 2% of the time
         """
         seconds = time.perf_counter() - self._started if self._started is not None else 0.0
+        counts = self._counts
         out: dict[str, Any] = {
-            "batches": self._batches,
-            "tokens": self._tokens,
+            "batches": counts.batches,
+            "tokens": counts.tokens,
             "seconds": round(seconds, 3),
-            "batches_per_s": self._batches / seconds if seconds else 0.0,
-            "tokens_per_s": self._tokens / seconds if seconds else 0.0,
-            "wait_s": round(self._waited, 3),
-            "wait_share": self._waited / seconds if seconds else 0.0,
+            "batches_per_s": counts.batches / seconds if seconds else 0.0,
+            "tokens_per_s": counts.tokens / seconds if seconds else 0.0,
+            "wait_s": round(counts.waited, 3),
+            "wait_share": counts.waited / seconds if seconds else 0.0,
         }
         readers = add_stats(*self._reader_stats.values())
         for internal in ("passed", "items"):  # positions, and items read ahead of the loop: not what it consumed
@@ -461,6 +471,7 @@ class DataLoader(torch.utils.data.DataLoader):
         stopped = False
         parts: list[Any] = []  # continuous rows over several workers: this step's part of each
         clock = time.perf_counter
+        counts = self._counts
         close = _close  # held here: a generator dropped at interpreter exit runs after module globals are gone
         asked = clock()  # when the training loop last asked for a batch
         if self._started is None:
@@ -484,9 +495,9 @@ class DataLoader(torch.utils.data.DataLoader):
                 if together and not _every_rank_has(True):
                     stopped = True  # another rank ran out: this pass ends here for all (what this
                     break  # one consumed of it does not count: a pass's end starts the next afresh)
-                self._batches += 1
-                self._tokens += tokens
-                self._waited += clock() - asked
+                counts.batches += 1
+                counts.tokens += tokens
+                counts.waited += clock() - asked
                 yield item
                 asked = clock()
                 if self._log_every is not None and asked - self._logged >= self._log_every:

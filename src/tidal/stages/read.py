@@ -190,8 +190,9 @@ class ReadIterator(StageIterator):
         self._run: tuple[int, int, int, int, int, int, int] | None = None
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
         # threads a block's files are read with (see _read_slices): where decoding releases the GIL
-        # (Parquet, Arrow), the files are local, and this reader is its process's only one
-        alone = world.num_workers == 1 and plan.storage is None
+        # (Parquet, Arrow) and this reader is its process's only one (remote files too: their local
+        # copies, or ranged GETs, which release the GIL as they wait)
+        alone = world.num_workers == 1
         self._threads = env.read_threads() if alone and threaded(plan.shards.formats) else 1
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid it was made in, its threads)
         total = plan.total

@@ -22,12 +22,12 @@ from tidal.formats import source
 from tidal.formats.codecs import open_stream
 
 CHECKPOINT_ROWS = 4096
-_PIECE = 1 << 22
+_PIECE = 1 << 20  # read at a time: 4 MB reads fault fresh pages in, and leave the cache before they are parsed
 
 
 def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int]]:
     """(byte offset, 1-based line number) of every non-empty line."""
-    carry = b""
+    carry: list[bytes] = []
     start = offset
     while True:
         data = f.read(_PIECE)
@@ -40,7 +40,8 @@ def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int
             if n > 1 or (n == 1 and part[0] != 13):
                 yield start, line
             start += n + 1
-    if carry and carry != b"\r":
+    tail = b"".join(carry)
+    if tail and tail != b"\r":
         yield start, line + 1
 
 
@@ -58,22 +59,24 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     return info
 
 
-def _split(data: bytes, carry: bytes) -> tuple[list[bytes | memoryview], bytes]:
-    """The complete lines of ``carry + data``, without their ends, and what follows the last
-    one. Lines are views of ``data`` (the first joined to ``carry``): ``bytes.split`` would
-    copy every byte once more, and joining ``carry + data`` once again."""
+def _split(data: bytes, carry: list[bytes]) -> tuple[list[bytes | memoryview], list[bytes]]:
+    """The complete lines of ``carry`` (the pieces of a line begun before) and ``data``,
+    without their ends, and what follows the last one. Lines are views of ``data`` (the first
+    joined to ``carry``): ``bytes.split`` would copy every byte once more, and joining
+    ``carry + data`` once again; a line longer than many pieces is joined once, when it ends."""
     find = data.find
     end = find(b"\n")
     if end < 0:
-        return [], carry + data
+        return [], [*carry, data]
     view = memoryview(data)
-    lines: list[bytes | memoryview] = [carry + data[:end] if carry else view[:end]]
+    lines: list[bytes | memoryview] = [b"".join([*carry, data[:end]]) if carry else view[:end]]
     append = lines.append
     start = end + 1
     while (end := find(b"\n", start)) >= 0:
         append(view[start:end])
         start = end + 1
-    return lines, data[start:]
+    rest = data[start:]
+    return lines, [rest] if rest else []
 
 
 class LineReader:
@@ -97,7 +100,7 @@ class LineReader:
         self._base = 0  # the line number before the current piece's first line
         self._next_base = 0
         self._at = 0
-        self._carry = b""
+        self._carry: list[bytes] = []  # the start of a line not ended yet, in pieces
 
     def _open_at(self, row: int) -> None:
         self.close()
@@ -107,7 +110,7 @@ class LineReader:
             k = min(row // CHECKPOINT_ROWS, len(self._checkpoints) - 1)
             self._row, offset, line = self._checkpoints[k]
             self._file.seek(offset)
-        self._rows, self._index, self._at, self._carry = [], [], 0, b""
+        self._rows, self._index, self._at, self._carry = [], [], 0, []
         self._next_base = line
 
     def _refill(self) -> bool:
@@ -116,7 +119,7 @@ class LineReader:
         if data:
             lines, self._carry = _split(data, self._carry)
         elif self._carry:
-            lines, self._carry = [self._carry], b""
+            lines, self._carry = [b"".join(self._carry)], []
         else:
             return False
         if lines and (b"\r" in data or not all(lines) or lines[0][-1] == 13):  # CRLF, or blank lines

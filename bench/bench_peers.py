@@ -1540,7 +1540,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--workloads",
         default=",".join(DEFAULT_WORKLOADS),
-        help=f"subset of {','.join(WORKLOADS)} (default: all but s3)",
+        help=f"subset of {','.join(WORKLOADS)} (default: all of them)",
     )
     ap.add_argument(
         "--timeout", type=float, default=120.0, help="seconds before a measurement is abandoned (+ --seconds)"

@@ -157,15 +157,18 @@ def bundles(
     worker: int,
     pack: bool,
     widen: Widen,
-    max_size: int = MAX_BUNDLE,
+    max_size: int | None = None,
     kind: Callable[..., Bundle] = Bundle,
     max_bytes: int = MAX_BUNDLE_BYTES,
 ) -> Iterator[Bundle]:
     """A reader's items (``it``: a :class:`tidal.iterator.DatasetIterator`) as bundles of
-    1, 2, 4, ... up to ``max_size`` items, ``MAX_BUNDLE_BYTES`` or ``MAX_BUNDLE_SECONDS`` of
+    1, 2, 4, ... up to ``max_size`` items (default: ``MAX_BUNDLE`` for another process, ``pack``;
+    ``MAX_LOCAL_BUNDLE`` in this one), ``MAX_BUNDLE_BYTES`` or ``MAX_BUNDLE_SECONDS`` of
     work (a loop waiting on a bundle of costly batches, such as tokenized ones, waits for all
     of it); the last one has ``end`` set (it may be empty)."""
     size = 1
+    if max_size is None:
+        max_size = MAX_BUNDLE if pack else MAX_LOCAL_BUNDLE
     clock = time.perf_counter
     try:
         while True:

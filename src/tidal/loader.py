@@ -35,16 +35,7 @@ import torch
 import torch.utils.data
 
 from tidal import env, shm
-from tidal.bundle import (
-    MAX_BUNDLE,
-    MAX_LOCAL_BUNDLE,
-    Bundle,
-    bundles,
-    check_pickles,
-    prepare,
-    round_robin,
-    side_by_side,
-)
+from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
 from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
 from tidal.errors import StateError
@@ -184,7 +175,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         if pack and self.slots:
             kind = functools.partial(_Bundle, slots=self.slots)
             return bundles(it, worker, pack, _widen, kind=kind, max_bytes=shm.SLOT_BYTES * 3 // 4)
-        return bundles(it, worker, pack, _widen, MAX_BUNDLE if pack else MAX_LOCAL_BUNDLE, kind=_Bundle)
+        return bundles(it, worker, pack, _widen, kind=_Bundle)
 
 
 def describe(stats: dict) -> str:

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import write_jsonl, write_parquet
 
 import tidal
+from tidal.tables import columns
 
 RECORDS = [{"id": i, "text": f"line {i}", "score": i / 2} for i in range(25)]
 
@@ -160,6 +162,48 @@ def test_parquet_row_groups_streamed_in_slices_read_as_jsonl_does(tmp_path: Path
     assert [i for b in rest for i in b["id"].tolist()] == [r["id"] for r in whole[0][2400:]]
     batch = next(iter(chains[0].batch(8)))
     assert batch["id"].flags.writeable  # a batch is the user's to change
+
+
+def test_shuffled_parquet_gives_the_batches_and_records_arrow_would(tmp_path: Path) -> None:
+    """A shuffled block of Arrow records is made Python once (tidal.tables.Decoded), not batch
+    by batch: each batch must still be the one Arrow would give for its rows, with the column's
+    dtype, nulls, bytes, lists, and numbers that have nulls in some blocks and not in others
+    (batches of 7 cross blocks of 50)."""
+    rows = [
+        {
+            "id": i,
+            "text": None if i % 7 == 0 else f"é{i}",
+            "blob": bytes([i % 256]) * (i % 5),
+            "x": i / 2,
+            "ok": i % 3 == 0,
+            "score": None if i >= 170 and i % 11 == 0 else i,
+            "toks": list(range(i % 4)),
+        }
+        for i in range(300)
+    ]
+    types = [pa.int32(), pa.string(), pa.binary(), pa.float32(), pa.bool_(), pa.int16(), pa.list_(pa.int64())]
+    table = pa.Table.from_pylist(rows, pa.schema(list(zip(rows[0], types, strict=True))))
+    pq.write_table(table.slice(0, 170), tmp_path / "a.parquet", row_group_size=50)
+    pq.write_table(table.slice(170), tmp_path / "b.parquet", row_group_size=50)
+    ds = tidal.Dataset(tmp_path).shuffle(seed=3, block_size=50)
+
+    def same(got: object, want: object) -> bool:
+        if isinstance(want, np.ndarray):
+            return isinstance(got, np.ndarray) and got.dtype == want.dtype and got.tolist() == want.tolist()
+        return type(got) is type(want) and got == want
+
+    seen = []
+    for batch in ds.batch(7):
+        ids = batch["id"].tolist()
+        want = columns(table.take(pa.array(ids)))
+        assert batch.keys() == want.keys() and all(same(batch[k], want[k]) for k in want), ids
+        seen += ids
+    assert len(set(seen)) == len(seen) == 294
+    shuffled = list(ds)
+    assert sorted(shuffled, key=lambda r: r["id"]) == rows
+    assert all(type(r["id"]) is int and type(r["x"]) is float for r in shuffled)  # to_pylist's types
+    kept = [b["id"].tolist() for b in ds.filter(lambda r: r["id"] % 3 == 0).batch(4)]
+    assert sorted(i for b in kept for i in b) == list(range(0, 300, 3))
 
 
 @pytest.mark.parametrize("piece", [1, 2, 3, 7, 64, 1 << 22])

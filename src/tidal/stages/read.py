@@ -35,7 +35,7 @@ from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.storage.config import Storage, public_source
 from tidal.storage.retry import redact_urls
-from tidal.tables import Table, concat, cut, take
+from tidal.tables import Table, concat, cut, decoded, take
 from tidal.world import World
 
 if TYPE_CHECKING:
@@ -334,6 +334,7 @@ class ReadIterator(StageIterator):
             masks.append(np.ones(z - a, dtype=bool) if piece.valid is None else piece.valid)
             any_skipped |= piece.valid is not None
         table = concat(tables) if tables else []
+        del tables  # the pieces: freed once the block is made of them
         perm = order.permutation(b)
         valid_before = None
         if any_skipped:
@@ -349,14 +350,16 @@ class ReadIterator(StageIterator):
                 valid = valid[perm]
                 perm = kept_index[perm][valid]
             valid_before = np.concatenate([[0], np.cumsum(valid)])
+        if isinstance(table, pa.Table):
+            self._arrow_loaded += table.nbytes
+            if perm is not None:  # permuted Python objects are cheaper than Arrow's take, then a conversion per batch
+                table = decoded(table)
         if perm is not None:
             table = take(table, perm)
         self._block_index, self._block = b, _Block(table, valid_before)
-        if isinstance(table, pa.Table):
-            self._arrow_loaded += table.nbytes
-            if self._arrow_loaded >= RELEASE_BYTES:  # the blocks' freed memory back to the system, now and then:
-                pa.default_memory_pool().release_unused()  # a call costs ~2 ms, too much for every small block
-                self._arrow_loaded = 0
+        if self._arrow_loaded >= RELEASE_BYTES:  # the blocks' freed memory back to the system, now and then:
+            pa.default_memory_pool().release_unused()  # a call costs ~2 ms, too much for every small block
+            self._arrow_loaded = 0
         return self._block
 
     def _read_slices(self, slices: list[tuple[int, int, int]]) -> Iterator[Piece]:

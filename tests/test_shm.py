@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,11 +70,11 @@ def token_ids(record: dict) -> dict:
 
 
 def test_without_shared_memory_batches_go_through_the_pipe(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self: shm.Ring, slots: int) -> None:
+    def refuse(size: int) -> None:
         raise OSError(28, "No space left on device")
 
     expected = batches(tidal.Dataset(data).shuffle(seed=2).batch(7), "fork")
-    monkeypatch.setattr(shm.Ring, "__init__", refuse)  # as a full /dev/shm does; forked workers inherit it
+    monkeypatch.setattr(shm, "_segment", refuse)  # as a full /dev/shm does
     taken = shm.taken
     assert all(
         same(a, b) for a, b in zip(batches(tidal.Dataset(data).shuffle(seed=2).batch(7), "fork"), expected, strict=True)
@@ -79,7 +83,9 @@ def test_without_shared_memory_batches_go_through_the_pipe(data: Path, monkeypat
 
 
 def test_a_slot_not_read_yet_is_never_written() -> None:
-    ring = shm.Ring(2)
+    names = shm.make_rings(1, 2)
+    assert names is not None
+    ring = shm.Ring(names[0], 2)
     try:
         first = ring.put([np.arange(10)])
         second = ring.put([np.arange(20)])
@@ -93,3 +99,41 @@ def test_a_slot_not_read_yet_is_never_written() -> None:
         assert ring.put([np.zeros(shm.SLOT_BYTES // 8 + 1)]) is None  # larger than a slot: the pipe
     finally:
         ring.shm.close()
+        shm.release(names)
+    with pytest.raises(tidal.TidalError, match="already released"):
+        shm.take(third)
+
+
+EXITS = """
+import os, signal, sys, time
+import tidal
+
+loader = tidal.DataLoader(tidal.Dataset(sys.argv[1]).shuffle(seed=1).repeat().batch(5), num_workers=2)
+it = iter(loader)
+next(it)
+time.sleep(1.0)  # both workers have sent a bundle by now; the second one is never read
+print("read", flush=True)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="segments are listed in /dev/shm")
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_no_segment_is_left_when_the_training_process_ends_before_reading_every_worker(
+    data: Path, tmp_path: Path, how: str
+) -> None:
+    """A training process that exits (or is killed) with a worker's bundle unread: the worker's
+    segment of shared memory is unlinked all the same, without a warning."""
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS)
+    before = segments()
+    done = subprocess.run([sys.executable, str(script), str(data), how], capture_output=True, text=True, timeout=120)
+    assert "read" in done.stdout, done.stderr
+    assert done.returncode == (-signal.SIGKILL if how == "kill" else 0), done.stderr
+    deadline = time.monotonic() + 30  # killed: the resource tracker unlinks once the workers saw their parent go
+    while segments() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not segments() - before
+    if how == "exit":
+        assert "leaked" not in done.stderr  # (killed, the resource tracker says what it unlinked)

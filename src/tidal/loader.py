@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import sys
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from types import FrameType
@@ -93,10 +94,17 @@ class _Bundle(Bundle):
     and are widened to int64 as each batch is taken out in the main process."""
 
     def __init__(
-        self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Any, slots: int = 0
+        self,
+        worker: int,
+        items: list[Any],
+        states: list[dict],
+        end: bool,
+        pack: bool,
+        widen: Any,
+        ring: tuple[str, int] | None = None,
     ):
         super().__init__(worker, items, states, end, pack, _keep if pack else widen)
-        self.slots = slots  # of the ring of shared memory its worker sends through (tidal.shm); 0: the pipe
+        self.ring = ring  # (segment, slots) of the shared memory its worker sends through (tidal.shm); None: the pipe
         self.wide: set[str] = set()
         if self.columns is not None:
             for name, col in self.columns.items():
@@ -121,8 +129,8 @@ class _Bundle(Bundle):
 
     def __getstate__(self) -> dict:  # pickled in a worker: the arrays through shared memory where it can
         state = dict(self.__dict__)
-        if self.columns is not None and self.slots:
-            moved = shm.pack_columns(self.columns, self.slots)
+        if self.columns is not None and self.ring is not None:
+            moved = shm.pack_columns(self.columns, *self.ring)
             if moved is not None:
                 state["columns"], state["shm"] = moved
         return state
@@ -158,7 +166,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.first_epoch = 0
         self.origin: dict | None = None
         self.bundled = False
-        self.slots = 0  # slots of each worker's ring of shared memory (tidal.shm); 0: none
+        self.rings: list[str] = []  # each worker's segment of shared memory (tidal.shm); none: the pipe
+        self.slots = 0  # slots in each
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -172,8 +181,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         return (_to_torch(prepare(item, _widen)) for item in it)
 
     def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle]:
-        if pack and self.slots:
-            kind = functools.partial(_Bundle, slots=self.slots)
+        if pack and worker < len(self.rings):
+            kind = functools.partial(_Bundle, ring=(self.rings[worker], self.slots))
             return bundles(it, worker, pack, _widen, kind=kind, max_bytes=shm.SLOT_BYTES * 3 // 4)
         return bundles(it, worker, pack, _widen, kind=_Bundle)
 
@@ -426,12 +435,22 @@ class DataLoader(torch.utils.data.DataLoader):
             self._iterator = None  # the workers must start from this state
         self._check_pickles()
         self._stream.bundled = True  # for the workers (or the main-process reader) started now
-        # torch asks a worker for about prefetch_factor results ahead: the ring holds those and one more
-        self._stream.slots = (self.prefetch_factor or 2) + 1 if self.num_workers and env.shared_memory() else 0
+        # torch asks a worker for about prefetch_factor results ahead: a ring holds those and one more
+        self._stream.slots = (self.prefetch_factor or 2) + 1
+        rings = (
+            shm.make_rings(self.num_workers, self._stream.slots) if self.num_workers and env.shared_memory() else None
+        )
+        self._stream.rings = rings or []
         try:
             bundles = super().__iter__()
+        except BaseException:
+            shm.release(self._stream.rings)
+            raise
         finally:
             self._stream.bundled = False
+            self._stream.rings = []
+        if rings:  # the workers' rings live as long as the workers: until torch's iterator goes
+            weakref.finalize(bundles, shm.release, rings)
         device = self._device or accelerate_device()
         together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
         return self._round_robin(bundles, self._local, device, together)

@@ -13,17 +13,21 @@ never waits: torch asks a worker for about ``prefetch_factor`` results ahead, so
 bundle written into it, read before and after the copy: were a slot ever reused too early, that
 is an error that says so, never another bundle's data.
 
-The writer creates its segment and leaves it to the reader, which unlinks its name as soon as it
-has mapped it: nothing is left in ``/dev/shm`` however the processes end. Where shared memory
-cannot be had (a small ``/dev/shm`` in a container), bundles go through the pipe as before.
+The training process makes each worker's segment before the workers start, and owns it: it
+unlinks it when the loader's iterator ends or the process exits, and were it killed, its
+resource tracker unlinks it once the workers are gone too. (Segments made by the workers were
+left in ``/dev/shm`` whenever the training process ended before it had read a worker's first
+bundle: 48 MB each time.) Where shared memory cannot be had (a small ``/dev/shm`` in a
+container), bundles go through the pipe as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
@@ -37,20 +41,57 @@ _HEADER = 64  # the slot's bundle number and whether it was read, then the array
 log = logging.getLogger("tidal")
 
 
-class Ring:
-    """This process's slots, written in turn."""
+def make_rings(count: int, slots: int) -> list[str] | None:
+    """``count`` segments of ``slots`` slots, made and owned by this (the training) process, to
+    be written by one reader process each and released with :func:`release`; None where shared
+    memory cannot be had (then: the pipe)."""
+    made: list[str] = []
+    try:
+        for _ in range(count):
+            segment = _segment(slots * SLOT_BYTES)
+            with _mapped_lock:
+                _mapped[segment.name] = segment
+            made.append(segment.name)
+    except OSError as exc:
+        release(made)
+        log.warning("no shared memory for reader processes (%s): batches go through a pipe", exc)
+        return None
+    return made
 
-    def __init__(self, slots: int):
+
+def _segment(size: int) -> shared_memory.SharedMemory:
+    segment = shared_memory.SharedMemory(create=True, size=size)  # registered with this process's resource tracker
+    try:  # the pages now: a full /dev/shm is an error here, not a SIGBUS at the first write
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(segment._fd, 0, size)  # type: ignore[attr-defined]
+    except OSError:
+        segment.close()
+        segment.unlink()
+        raise
+    return segment
+
+
+def release(names: list[str]) -> None:
+    """Unlink segments :func:`make_rings` made, and unmap them here."""
+    for name in names:
+        with _mapped_lock:
+            segment = _mapped.pop(name, None)
+        if segment is None:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            segment.unlink()
+        with contextlib.suppress(BufferError):  # a view of it still held somewhere: unmapped when that goes
+            segment.close()
+
+
+class Ring:
+    """A reader process's slots in a segment the training process made, written in turn."""
+
+    def __init__(self, name: str, slots: int):
         self.slots = slots
-        self.shm = shared_memory.SharedMemory(create=True, size=slots * SLOT_BYTES)
-        try:  # the pages now: a full /dev/shm is an error here, not a SIGBUS at the first write
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(self.shm._fd, 0, slots * SLOT_BYTES)  # type: ignore[attr-defined]
-        except OSError:
-            self.shm.close()
-            self.shm.unlink()
-            raise
-        resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]  # the reader unlinks it
+        # Attaching registers the name with the resource tracker, which the training process
+        # shares with its workers (fork, spawn and forkserver alike): a no-op there.
+        self.shm = shared_memory.SharedMemory(name=name)
         self.seq = 0
         self.pid = os.getpid()
 
@@ -73,39 +114,38 @@ class Ring:
             np.ndarray(a.shape, a.dtype, buffer=buf, offset=base + off)[...] = a
         header[0] = self.seq
         layout = [(a.dtype.str, a.shape, off) for a, off in zip(arrays, offsets, strict=True)]
-        return (self.shm.name, self.pid, slot, self.seq, layout)
+        return (self.shm.name, slot, self.seq, layout)
 
 
 _ring: Ring | None = None
-_ring_failed = False
 _ring_lock = threading.Lock()
 
 
-def ring(slots: int) -> Ring | None:
-    """This process's ring (made on first use), or None where shared memory cannot be had."""
-    global _ring, _ring_failed
+def ring(name: str, slots: int) -> Ring | None:
+    """This process's ring in segment ``name`` (mapped on first use); None where it is gone
+    (its loader ended while this reader was still starting)."""
+    global _ring
     with _ring_lock:
-        if _ring is None or _ring.pid != os.getpid():  # a forked child makes its own
-            if _ring_failed:
-                return None
+        if _ring is None or _ring.pid != os.getpid() or _ring.shm.name != name:
             try:
-                _ring = Ring(slots)
-            except OSError as exc:
-                _ring_failed = True
-                log.warning("no shared memory for reader processes (%s): batches go through a pipe", exc)
+                _ring = Ring(name, slots)
+            except OSError:
                 return None
         return _ring
 
 
-_mapped: dict[str, tuple[shared_memory.SharedMemory, int]] = {}
+_mapped: dict[str, shared_memory.SharedMemory] = {}  # the segments this process made
 _mapped_lock = threading.Lock()
 taken = 0  # bundles this process took out of shared memory: for tests and stats
 
 
 def take(where: tuple) -> list[np.ndarray]:
     """The arrays a ring put at ``where``, copied out of the slot."""
-    name, pid, slot, seq, layout = where
-    shm = _attach(name, pid)
+    name, slot, seq, layout = where
+    with _mapped_lock:
+        shm = _mapped.get(name)
+    if shm is None:
+        raise TidalError(f"a reader process sent a bundle in shared memory {name!r} that its loader already released")
     base = slot * SLOT_BYTES
     header = np.ndarray(2, np.int64, buffer=shm.buf, offset=base)
     if header[0] != seq:
@@ -126,32 +166,7 @@ def _reused(seq: int, found: int) -> TidalError:
     )
 
 
-def _attach(name: str, pid: int) -> shared_memory.SharedMemory:
-    with _mapped_lock:
-        got = _mapped.get(name)
-        if got is not None:
-            return got[0]
-        for other, (shm, owner) in list(_mapped.items()):  # segments of reader processes that are gone
-            if not _alive(owner):
-                del _mapped[other]
-                shm.close()
-        shm = shared_memory.SharedMemory(name=name)
-        shm.unlink()  # mapped on both sides: the name is no longer needed (this unregisters it too)
-        _mapped[name] = (shm, pid)
-        return shm
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def pack_columns(columns: dict[str, Any], slots: int) -> tuple[dict[str, Any], tuple] | None:
+def pack_columns(columns: dict[str, Any], name: str, slots: int) -> tuple[dict[str, Any], tuple] | None:
     """A bundle's numeric columns and text buffers written to this process's ring: the columns
     without them, and where they are; None when there is no ring or they do not fit a slot."""
     names, arrays = [], []
@@ -165,7 +180,7 @@ def pack_columns(columns: dict[str, Any], slots: int) -> tuple[dict[str, Any], t
             names.append((key, "strings"))
             arrays += [np.frombuffer(col.data, np.uint8), col.offsets]
             rest[key] = Strings.empty(col.starts)
-    r = ring(slots) if arrays else None
+    r = ring(name, slots) if arrays else None
     where = r.put(arrays) if r is not None else None
     return None if where is None else (rest, (where, names))
 

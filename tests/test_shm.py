@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -115,25 +116,39 @@ time.sleep(1.0)  # both workers have sent a bundle by now; the second one is nev
 print("read", flush=True)
 if sys.argv[2] == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[2] == "kill-tree":
+    time.sleep(60)  # killed with its workers and its resource tracker, at once
 """
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="segments are listed in /dev/shm")
-@pytest.mark.parametrize("how", ["exit", "kill"])
+@pytest.mark.parametrize("how", ["exit", "kill", "kill-tree"])
 def test_no_segment_is_left_when_the_training_process_ends_before_reading_every_worker(
     data: Path, tmp_path: Path, how: str
 ) -> None:
-    """A training process that exits (or is killed) with a worker's bundle unread: the worker's
-    segment of shared memory is unlinked all the same, without a warning."""
+    """A training process that exits, or is killed, or is killed with all its processes at once,
+    with a worker's bundle unread: no segment of shared memory is left, and no warning."""
     script = tmp_path / "exits.py"
     script.write_text(EXITS)
     before = segments()
-    done = subprocess.run([sys.executable, str(script), str(data), how], capture_output=True, text=True, timeout=120)
-    assert "read" in done.stdout, done.stderr
-    assert done.returncode == (-signal.SIGKILL if how == "kill" else 0), done.stderr
-    deadline = time.monotonic() + 30  # killed: the resource tracker unlinks once the workers saw their parent go
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(data), how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "read\n"
+        if how == "kill-tree":
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == (0 if how == "exit" else -signal.SIGKILL), err
+    deadline = time.monotonic() + 30  # killed: the workers notice their parent is gone within seconds
     while segments() - before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not segments() - before
-    if how == "exit":
-        assert "leaked" not in done.stderr  # (killed, the resource tracker says what it unlinked)
+    assert "leaked" not in err

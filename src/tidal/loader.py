@@ -182,6 +182,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
 
     def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle]:
         if pack and worker < len(self.rings):
+            shm.ring(self.rings[worker], self.slots)  # mapped now, and its name unlinked (see tidal.shm)
             kind = functools.partial(_Bundle, ring=(self.rings[worker], self.slots))
             return bundles(it, worker, pack, _widen, kind=kind, max_bytes=shm.SLOT_BYTES * 3 // 4)
         return bundles(it, worker, pack, _widen, kind=_Bundle)

@@ -13,12 +13,14 @@ never waits: torch asks a worker for about ``prefetch_factor`` results ahead, so
 bundle written into it, read before and after the copy: were a slot ever reused too early, that
 is an error that says so, never another bundle's data.
 
-The training process makes each worker's segment before the workers start, and owns it: it
-unlinks it when the loader's iterator ends or the process exits, and were it killed, its
-resource tracker unlinks it once the workers are gone too. (Segments made by the workers were
-left in ``/dev/shm`` whenever the training process ended before it had read a worker's first
-bundle: 48 MB each time.) Where shared memory cannot be had (a small ``/dev/shm`` in a
-container), bundles go through the pipe as before.
+The training process makes each worker's segment before the workers start; each worker maps
+its own as it starts and unlinks its name, so that nothing is left in ``/dev/shm`` however the
+processes end, a whole process tree killed at once included. A segment whose worker never
+started is unlinked by the training process when the loader's iterator ends or the process
+exits, or by its resource tracker if it is killed. (Segments made by the workers were left in
+``/dev/shm`` whenever the training process ended before it had read a worker's first bundle:
+48 MB each time.) Where shared memory cannot be had (a small ``/dev/shm`` in a container),
+bundles go through the pipe as before.
 """
 
 from __future__ import annotations
@@ -89,9 +91,10 @@ class Ring:
 
     def __init__(self, name: str, slots: int):
         self.slots = slots
-        # Attaching registers the name with the resource tracker, which the training process
-        # shares with its workers (fork, spawn and forkserver alike): a no-op there.
-        self.shm = shared_memory.SharedMemory(name=name)
+        with _mapped_lock:  # a forked worker has the training process's mapping already
+            self.shm = _mapped.get(name) or shared_memory.SharedMemory(name=name)
+        with contextlib.suppress(FileNotFoundError):
+            self.shm.unlink()  # mapped on both sides: the name is no longer needed
         self.seq = 0
         self.pid = os.getpid()
 
@@ -122,8 +125,8 @@ _ring_lock = threading.Lock()
 
 
 def ring(name: str, slots: int) -> Ring | None:
-    """This process's ring in segment ``name`` (mapped on first use); None where it is gone
-    (its loader ended while this reader was still starting)."""
+    """This process's ring in segment ``name`` (mapped on first use: as the worker starts); None
+    where it is gone (its loader ended while this reader was still starting)."""
     global _ring
     with _ring_lock:
         if _ring is None or _ring.pid != os.getpid() or _ring.shm.name != name:

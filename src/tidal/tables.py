@@ -38,8 +38,14 @@ class Decoded(Columns):
     ``take`` of the text followed by a conversion per batch (3 -> 1 µs a record). Its records,
     and its batches, are those the Arrow table would give."""
 
-    def row(self, i: int) -> dict[str, Any]:
-        return {k: _value(v, i) for k, v in self.items()}
+    def rows(self) -> list[dict[str, Any]]:
+        """Every record, converted a column at a time."""
+        names = list(self)
+        values = [
+            v if isinstance(v, list) else v.tolist() if isinstance(v, np.ndarray) else v.to_pylist()
+            for v in self.values()
+        ]
+        return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 def decoded(table: pa.Table) -> Table:
@@ -63,14 +69,6 @@ def decoded(table: pa.Table) -> Table:
 
 
 _TEXT = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
-
-
-def _value(column: Any, i: int) -> Any:
-    if isinstance(column, np.ndarray):
-        return column[i].item()
-    if isinstance(column, pa.ChunkedArray):
-        return column[i].as_py()
-    return column[i]
 
 
 Table: TypeAlias = "pa.Table | list[Any] | Columns"
@@ -161,12 +159,12 @@ def _join(parts: list[Any]) -> Any:
 
 
 def records(table: Table) -> list[Any]:
-    if isinstance(table, Columns):
-        return [table.row(i) for i in range(len(table))]
-    if not isinstance(table, pa.Table):
-        return table
     try:
-        return table.to_pylist()
+        if isinstance(table, Decoded):
+            return table.rows()
+        if isinstance(table, Columns):
+            return [table.row(i) for i in range(len(table))]
+        return table.to_pylist() if isinstance(table, pa.Table) else table
     except UnicodeDecodeError as exc:
         raise _not_utf8(exc) from None
 

@@ -109,8 +109,7 @@ class Bundle:
         self.columns: dict[str, Any] | None = None
         self.items: list[Any] | None = None
         first = items[0] if items else None
-        same = isinstance(first, dict) and all(isinstance(i, dict) and i.keys() == first.keys() for i in items)
-        if pack and same and isinstance(first, dict):
+        if pack and isinstance(first, dict) and all(isinstance(i, dict) and i.keys() == first.keys() for i in items):
             self.columns = {k: self._stack([i[k] for i in items], widen) for k in first}
         else:
             self.items = [prepare(i, widen) for i in items]

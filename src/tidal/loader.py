@@ -58,6 +58,10 @@ def _widen(value: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(value)
 
 
+def _tensor(value: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(_widen(value))
+
+
 def _numeric(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
 
@@ -91,7 +95,8 @@ class _Bundle(Bundle):
     """A bundle whose items are tensors (views of the bundle's arrays), pinnable by torch.
 
     Packed for another process (``pack``), its integer columns travel narrow (:func:`_narrow`)
-    and are widened to int64 as each batch is taken out in the main process."""
+    and are widened to int64 as each batch is taken out in the main process. Made in the
+    training process, its items hold tensors from the start."""
 
     def __init__(
         self,
@@ -103,7 +108,8 @@ class _Bundle(Bundle):
         widen: Any,
         ring: tuple[str, int] | None = None,
     ):
-        super().__init__(worker, items, states, end, pack, _keep if pack else widen)
+        super().__init__(worker, items, states, end, pack, _keep if pack else _tensor)
+        self.pack = pack
         self.ring = ring  # (segment, slots) of the shared memory its worker sends through (tidal.shm); None: the pipe
         self.wide: set[str] = set()
         if self.columns is not None:
@@ -125,7 +131,7 @@ class _Bundle(Bundle):
                 for k, col in self.columns.items()
             }
         assert self.items is not None
-        return _to_torch(self.items[j])
+        return _to_torch(self.items[j]) if self.pack else self.items[j]
 
     def __getstate__(self) -> dict:  # pickled in a worker: the arrays through shared memory where it can
         state = dict(self.__dict__)

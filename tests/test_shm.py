@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from conftest import make_shards
 
 import tidal
 from tidal import shm
+from tidal.bundle import Strings
 from tidal.testing import same
 
 
@@ -152,3 +154,21 @@ def test_no_segment_is_left_when_the_training_process_ends_before_reading_every_
         time.sleep(0.2)
     assert not segments() - before
     assert "leaked" not in err
+
+
+def test_text_through_a_slot_and_through_the_pipe_is_the_text() -> None:
+    """Strings are written into the slot piece by piece and made straight out of it: multi-byte
+    UTF-8, empty strings and empty batches keep their bounds either way."""
+    batches = [["é", "", "日本語"], [], ["a" * 1000, "ß\x00z"], [""]]
+    names = shm.make_rings(1, 2)
+    assert names is not None
+    try:
+        moved = shm.pack_columns({"text": Strings(batches), "n": np.arange(4)}, names[0], 2)
+        assert moved is not None
+        rest, packed = moved
+        out = shm.unpack_columns(pickle.loads(pickle.dumps(rest)), packed)
+        assert [out["text"][j] for j in range(4)] == batches and out["n"].tolist() == [0, 1, 2, 3]
+        piped = pickle.loads(pickle.dumps(Strings(batches)))
+        assert [piped[j] for j in range(4)] == batches
+    finally:
+        shm.release(names)

@@ -23,6 +23,7 @@ import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -64,21 +65,42 @@ def prepare(value: Any, widen: Widen) -> Any:
 
 
 class Strings:
-    """A text column of a whole bundle as one UTF-8 buffer and offsets: two large buffers to
-    copy instead of thousands of string objects to pickle and unpickle."""
+    """A text column of a whole bundle as UTF-8 and offsets: large buffers to copy instead of
+    thousands of string objects to pickle and unpickle. Through shared memory each string is
+    written into the slot as it was encoded, and read out of it as ``str``: no joined buffer
+    on either side (each was a copy of all the text, into fresh pages)."""
 
     def __init__(self, batches: list[list[str]]):
-        encoded = [t.encode() for batch in batches for t in batch]
-        self.data = b"".join(encoded)
-        self.offsets = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
+        self.encoded: list[bytes] | None = [t.encode() for batch in batches for t in batch]
+        self.offsets = np.cumsum([0] + [len(e) for e in self.encoded], dtype=np.int64)
         self.starts = np.cumsum([0] + [len(b) for b in batches]).tolist()
-        self._view: memoryview | None = None
+        self._data: bytes | np.ndarray | None = None
+        self._lists: list[list[str]] | None = None  # the strings, where they were read out of shared memory
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def data(self) -> bytes | np.ndarray:
+        """All the text, joined (for the pipe)."""
+        if self._data is None:
+            self._data, self.encoded = b"".join(self.encoded or []), None
+        return self._data
 
     @classmethod
     def empty(cls, starts: list[int]) -> Strings:
-        """One with the batch bounds ``starts`` and no text yet (it comes from shared memory)."""
+        """One with the batch bounds ``starts`` and no text yet (it is in shared memory)."""
         new = cls.__new__(cls)
-        new.data, new.offsets, new.starts, new._view = b"", np.zeros(1, np.int64), starts, None
+        new.__setstate__({"data": b"", "offsets": np.zeros(1, np.int64), "starts": starts})
+        return new
+
+    @classmethod
+    def read(cls, data: np.ndarray, offsets: np.ndarray, starts: list[int]) -> Strings:
+        """The strings of ``data`` (a view of shared memory), made now, batch by batch."""
+        new = cls.empty(starts)
+        view, at = memoryview(data), offsets.tolist()
+        new._lists = [[str(view[at[i] : at[i + 1]], "utf-8") for i in range(a, b)] for a, b in pairwise(starts)]
         return new
 
     @staticmethod
@@ -86,17 +108,18 @@ class Strings:
         return all(isinstance(v, list) and all(type(t) is str for t in v) for v in values)
 
     def __getitem__(self, j: int) -> list[str]:
-        if self._view is None:
-            self._view = memoryview(self.data)
-        view, offsets = self._view, self.offsets
+        if self._lists is not None:
+            return self._lists[j]
+        view, offsets = memoryview(self.data), self.offsets
         a, b = self.starts[j], self.starts[j + 1]
         return [str(view[offsets[i] : offsets[i + 1]], "utf-8") for i in range(a, b)]
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict:  # through the pipe
         return {"data": self.data, "offsets": self.offsets, "starts": self.starts}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _view=None)
+        self.encoded, self._lists = None, None
+        self._data, self.offsets, self.starts = state["data"], state["offsets"], state["starts"]
 
 
 class Bundle:

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -98,13 +99,15 @@ class Ring:
         self.seq = 0
         self.pid = os.getpid()
 
-    def put(self, arrays: list[np.ndarray]) -> tuple | None:
+    def put(self, arrays: list[np.ndarray | list[bytes]]) -> tuple | None:
         """Where ``arrays`` now are, or None when they do not fit a slot or the next slot was not
-        read yet (then they go through the pipe: a reader never waits on the ring)."""
-        offsets, at = [], _HEADER
+        read yet (then they go through the pipe: a reader never waits on the ring). A list of
+        ``bytes`` is written as one byte array, piece by piece."""
+        offsets, sizes, at = [], [], _HEADER
         for a in arrays:
             offsets.append(at)
-            at += -(-a.nbytes // 64) * 64
+            sizes.append(a.nbytes if isinstance(a, np.ndarray) else sum(map(len, a)))
+            at += -(-sizes[-1] // 64) * 64
         slot = (self.seq + 1) % self.slots
         base = slot * SLOT_BYTES
         buf = self.shm.buf
@@ -113,10 +116,18 @@ class Ring:
             return None
         self.seq += 1
         header[:] = (-1, 0)  # being written
-        for a, off in zip(arrays, offsets, strict=True):
-            np.ndarray(a.shape, a.dtype, buffer=buf, offset=base + off)[...] = a
+        layout = []
+        for a, off, size in zip(arrays, offsets, sizes, strict=True):
+            if isinstance(a, np.ndarray):
+                np.ndarray(a.shape, a.dtype, buffer=buf, offset=base + off)[...] = a
+                layout.append((a.dtype.str, a.shape, off))
+                continue
+            at = base + off
+            for piece in a:
+                buf[at : at + len(piece)] = piece
+                at += len(piece)
+            layout.append(("|u1", (size,), off))
         header[0] = self.seq
-        layout = [(a.dtype.str, a.shape, off) for a, off in zip(arrays, offsets, strict=True)]
         return (self.shm.name, slot, self.seq, layout)
 
 
@@ -142,8 +153,13 @@ _mapped_lock = threading.Lock()
 taken = 0  # bundles this process took out of shared memory: for tests and stats
 
 
-def take(where: tuple) -> list[np.ndarray]:
-    """The arrays a ring put at ``where``, copied out of the slot."""
+def _copies(views: list[np.ndarray]) -> list[np.ndarray]:
+    return [v.copy() for v in views]
+
+
+def take(where: tuple, use: Callable[[list[np.ndarray]], Any] = _copies) -> Any:
+    """What ``use`` makes of the arrays a ring put at ``where`` (views of the slot, free again
+    once it returns); by default, copies of them."""
     name, slot, seq, layout = where
     with _mapped_lock:
         shm = _mapped.get(name)
@@ -153,7 +169,7 @@ def take(where: tuple) -> list[np.ndarray]:
     header = np.ndarray(2, np.int64, buffer=shm.buf, offset=base)
     if header[0] != seq:
         raise _reused(seq, int(header[0]))
-    out = [np.ndarray(shape, np.dtype(dtype), buffer=shm.buf, offset=base + off).copy() for dtype, shape, off in layout]
+    out = use([np.ndarray(shape, np.dtype(dtype), buffer=shm.buf, offset=base + off) for dtype, shape, off in layout])
     if header[0] != seq:
         raise _reused(seq, int(header[0]))
     header[1] = 1  # read: the writer may use the slot again
@@ -181,7 +197,7 @@ def pack_columns(columns: dict[str, Any], name: str, slots: int) -> tuple[dict[s
             rest[key] = None
         elif isinstance(col, Strings):
             names.append((key, "strings"))
-            arrays += [np.frombuffer(col.data, np.uint8), col.offsets]
+            arrays += [col.encoded if col.encoded is not None else np.frombuffer(col.data, np.uint8), col.offsets]
             rest[key] = Strings.empty(col.starts)
     r = ring(name, slots) if arrays else None
     where = r.put(arrays) if r is not None else None
@@ -191,11 +207,15 @@ def pack_columns(columns: dict[str, Any], name: str, slots: int) -> tuple[dict[s
 def unpack_columns(columns: dict[str, Any], packed: tuple) -> dict[str, Any]:
     """``columns`` with what :func:`pack_columns` moved to shared memory back in place."""
     where, names = packed
-    arrays = iter(take(where))
-    out = dict(columns)
-    for key, kind in names:
-        if kind == "array":
-            out[key] = next(arrays)
-        else:
-            out[key].data, out[key].offsets = next(arrays), next(arrays)
-    return out
+
+    def read(views: list[np.ndarray]) -> dict[str, Any]:
+        arrays, out = iter(views), dict(columns)
+        for key, kind in names:
+            if kind == "array":
+                out[key] = next(arrays).copy()
+            else:  # the strings made straight from the slot: no copy of the text first
+                data, offsets = next(arrays), next(arrays)
+                out[key] = Strings.read(data, offsets, out[key].starts)
+        return out
+
+    return take(where, read)

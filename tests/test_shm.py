@@ -72,17 +72,25 @@ def token_ids(record: dict) -> dict:
     return {"input_ids": [record["id"] * 7 % 50_000 + k for k in range(record["id"] % 9 + 1)]}
 
 
-def test_without_shared_memory_batches_go_through_the_pipe(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(size: int) -> None:
+@pytest.mark.parametrize("where", ["training process", "worker"])
+def test_without_shared_memory_batches_go_through_the_pipe(
+    data: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    def refuse(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
     expected = batches(tidal.Dataset(data).shuffle(seed=2).batch(7), "fork")
-    monkeypatch.setattr(shm, "_segment", refuse)  # as a full /dev/shm does
+    if where == "worker":  # its pages reserved as it starts (forked workers inherit the patch)
+        monkeypatch.setattr(os, "posix_fallocate", refuse)
+    else:  # the segments made before the workers start
+        monkeypatch.setattr(shm, "_segment", refuse)
     taken = shm.taken
     assert all(
         same(a, b) for a, b in zip(batches(tidal.Dataset(data).shuffle(seed=2).batch(7), "fork"), expected, strict=True)
     )
     assert shm.taken == taken
+    if where == "training process":  # (a worker's warning goes to its own stderr)
+        assert "no shared memory for reader processes" in caplog.text
 
 
 def test_a_slot_not_read_yet_is_never_written() -> None:

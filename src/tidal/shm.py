@@ -63,15 +63,10 @@ def make_rings(count: int, slots: int) -> list[str] | None:
 
 
 def _segment(size: int) -> shared_memory.SharedMemory:
-    segment = shared_memory.SharedMemory(create=True, size=size)  # registered with this process's resource tracker
-    try:  # the pages now: a full /dev/shm is an error here, not a SIGBUS at the first write
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(segment._fd, 0, size)  # type: ignore[attr-defined]
-    except OSError:
-        segment.close()
-        segment.unlink()
-        raise
-    return segment
+    """A segment of ``size`` bytes, registered with this process's resource tracker. Its pages
+    are reserved by the worker that writes it (:class:`Ring`), in parallel, not here: that
+    took 27 ms before the workers even started."""
+    return shared_memory.SharedMemory(create=True, size=size)
 
 
 def release(names: list[str]) -> None:
@@ -98,11 +93,32 @@ class Ring:
             self.shm.unlink()  # mapped on both sides: the name is no longer needed
         self.seq = 0
         self.pid = os.getpid()
+        # The pages reserved now, so that a full /dev/shm is an error here and not a SIGBUS at a
+        # write; in a thread (13 ms for 48 MB), while the worker reads its first block.
+        self.refused: OSError | None = None
+        self._reserving: threading.Thread | None = threading.Thread(
+            target=self._reserve, name="tidal-shm-reserve", daemon=True
+        )
+        self._reserving.start()
+
+    def _reserve(self) -> None:
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(self.shm._fd, 0, self.shm.size)  # type: ignore[attr-defined]
+        except OSError as exc:
+            self.refused = exc
 
     def put(self, arrays: list[np.ndarray | list[bytes]]) -> tuple | None:
         """Where ``arrays`` now are, or None when they do not fit a slot or the next slot was not
         read yet (then they go through the pipe: a reader never waits on the ring). A list of
         ``bytes`` is written as one byte array, piece by piece."""
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
+            if self.refused is not None:
+                log.warning("no shared memory for a reader process (%s): its batches go through a pipe", self.refused)
+        if self.refused is not None:
+            return None
         offsets, sizes, at = [], [], _HEADER
         for a in arrays:
             offsets.append(at)
@@ -132,19 +148,24 @@ class Ring:
 
 
 _ring: Ring | None = None
+_refused: tuple[int, str] | None = None  # (process, segment) whose ring could not be had
 _ring_lock = threading.Lock()
 
 
 def ring(name: str, slots: int) -> Ring | None:
     """This process's ring in segment ``name`` (mapped on first use: as the worker starts); None
-    where it is gone (its loader ended while this reader was still starting)."""
-    global _ring
+    where it is gone (the loader ended while this reader started)."""
+    global _ring, _refused
     with _ring_lock:
-        if _ring is None or _ring.pid != os.getpid() or _ring.shm.name != name:
-            try:
-                _ring = Ring(name, slots)
-            except OSError:
-                return None
+        if _ring is not None and _ring.pid == os.getpid() and _ring.shm.name == name:
+            return _ring
+        if _refused == (os.getpid(), name):
+            return None
+        try:
+            _ring = Ring(name, slots)
+        except OSError:
+            _refused = (os.getpid(), name)
+            return None
         return _ring
 
 

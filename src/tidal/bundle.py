@@ -39,7 +39,7 @@ MAX_LOCAL_BUNDLE = 32
 MAX_BUNDLE_BYTES = 16 << 20
 MAX_BUNDLE_SECONDS = 0.05  # a bundle is sent once it took this long to make
 
-Widen = Callable[[np.ndarray], np.ndarray]
+Widen = Callable[[np.ndarray], Any]  # (in the training process: to a tensor)
 
 
 def numeric(value: Any) -> bool:
@@ -99,7 +99,7 @@ class Strings:
     def read(cls, data: np.ndarray, offsets: np.ndarray, starts: list[int]) -> Strings:
         """The strings of ``data`` (a view of shared memory), made now, batch by batch."""
         new = cls.empty(starts)
-        view, at = memoryview(data), offsets.tolist()
+        view, at = data.data, offsets.tolist()
         new._lists = [[str(view[at[i] : at[i + 1]], "utf-8") for i in range(a, b)] for a, b in pairwise(starts)]
         return new
 
@@ -110,7 +110,8 @@ class Strings:
     def __getitem__(self, j: int) -> list[str]:
         if self._lists is not None:
             return self._lists[j]
-        view, offsets = memoryview(self.data), self.offsets
+        data = self.data
+        view, offsets = data.data if isinstance(data, np.ndarray) else memoryview(data), self.offsets
         a, b = self.starts[j], self.starts[j + 1]
         return [str(view[offsets[i] : offsets[i + 1]], "utf-8") for i in range(a, b)]
 

@@ -127,6 +127,7 @@ class Ring:
         slot = (self.seq + 1) % self.slots
         base = slot * SLOT_BYTES
         buf = self.shm.buf
+        assert buf is not None  # (mapped until released)
         header = np.ndarray(2, np.int64, buffer=buf, offset=base)  # [bundle number, read]
         if at > SLOT_BYTES or (header[0] != 0 and header[1] != 1):
             return None
@@ -209,7 +210,8 @@ def _reused(seq: int, found: int) -> TidalError:
 def pack_columns(columns: dict[str, Any], name: str, slots: int) -> tuple[dict[str, Any], tuple] | None:
     """A bundle's numeric columns and text buffers written to this process's ring: the columns
     without them, and where they are; None when there is no ring or they do not fit a slot."""
-    names, arrays = [], []
+    names: list[tuple[str, str]] = []
+    arrays: list[np.ndarray | list[bytes]] = []
     rest = dict(columns)
     for key, col in columns.items():
         if isinstance(col, np.ndarray) and col.dtype.kind in "biuf":

@@ -14,6 +14,7 @@ import procs
 import pytest
 
 from tidal.errors import StorageError
+from tidal.storage import cache as cache_module
 from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, footprint, hasher
 from tidal.storage.stats import Stats
 
@@ -251,3 +252,23 @@ def test_hashes_of_any_hashlib_algorithm_or_xxhash_are_checked(tmp_path: Path) -
             assert handle.digest == e.hash == file_digest(handle.path, algorithm)
         with pytest.raises(StorageError, match="does not match"):
             Cache(tmp_path, 10**6).acquire(Entry(e.url, 3000, "v2", e.hash), filler(content("b", 3000)))
+
+
+def test_a_scan_while_an_entry_is_placed_leaves_room_for_its_meta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process may scan the cache between an entry's rename into place and its meta
+    file: the scan must count the meta to come, or the ledger says less than the disk holds."""
+    cache, other = Cache(tmp_path, 10**6), Cache(tmp_path, 10**6)
+    write = cache_module._write_file
+
+    def scanned_first(path: Path, data: bytes) -> None:
+        if path.name.endswith(".tmp"):  # the shard is in place, its meta not written yet
+            with other._space() as ledger:
+                ledger.fits(10**6, force=False)  # more than the ledger has room for: a full scan
+        write(path, data)
+
+    monkeypatch.setattr(cache_module, "_write_file", scanned_first)
+    with cache.acquire(entry("a", 5000), filler(content("a", 5000))) as h:
+        assert h.path.read_bytes() == content("a", 5000)
+    assert int((tmp_path / "cache.usage").read_text()) >= disk_usage(tmp_path)

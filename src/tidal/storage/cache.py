@@ -449,6 +449,7 @@ class Cache:
             files = list(os.scandir(self.root / "shards"))
         except FileNotFoundError:
             return out
+        coming: set[str] = set()  # entries whose meta file is still to come
         for e in files:
             key, _, kind = e.name.partition(".")
             try:
@@ -458,9 +459,14 @@ class Cache:
             used, size, complete = out.get(key, (0.0, 0, False))
             if kind == "meta":
                 used, complete = st.st_mtime, True
-            elif kind == "part":  # a download in progress: its meta file is still to come
-                used, size = max(used, st.st_mtime), size + _META_SLACK
+            elif kind in ("part", "shard"):  # downloading, or renamed into place: the meta is written next
+                used = max(used, st.st_mtime)
+                coming.add(key)
             out[key] = (used, size + _usage(st), complete)
+        for key in coming:
+            used, size, complete = out[key]
+            if not complete:  # counted now, or a scan between the rename and the meta undercounts a block
+                out[key] = (used, size + _META_SLACK, complete)
         return out
 
     def _evict(self, key: str, *, count: bool, pinned: bool = False) -> bool:

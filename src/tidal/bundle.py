@@ -74,15 +74,11 @@ class Strings:
         self.encoded: list[bytes] | None = [t.encode() for batch in batches for t in batch]
         self.offsets = np.cumsum([0] + [len(e) for e in self.encoded], dtype=np.int64)
         self.starts = np.cumsum([0] + [len(b) for b in batches]).tolist()
-        self._data: bytes | np.ndarray | None = None
+        self._data: bytes | None = None
         self._lists: list[list[str]] | None = None  # the strings, where they were read out of shared memory
 
     @property
-    def nbytes(self) -> int:
-        return int(self.offsets[-1])
-
-    @property
-    def data(self) -> bytes | np.ndarray:
+    def data(self) -> bytes:
         """All the text, joined (for the pipe)."""
         if self._data is None:
             self._data, self.encoded = b"".join(self.encoded or []), None
@@ -110,8 +106,7 @@ class Strings:
     def __getitem__(self, j: int) -> list[str]:
         if self._lists is not None:
             return self._lists[j]
-        data = self.data
-        view, offsets = data.data if isinstance(data, np.ndarray) else memoryview(data), self.offsets
+        view, offsets = memoryview(self.data), self.offsets
         a, b = self.starts[j], self.starts[j + 1]
         return [str(view[offsets[i] : offsets[i + 1]], "utf-8") for i in range(a, b)]
 

@@ -451,7 +451,7 @@ class DataLoader(torch.utils.data.DataLoader):
         try:
             bundles = super().__iter__()
         except BaseException:
-            shm.release(self._stream.rings)
+            shm.release(rings or [])
             raise
         finally:
             self._stream.bundled = False

@@ -272,3 +272,34 @@ def test_a_scan_while_an_entry_is_placed_leaves_room_for_its_meta(
     with cache.acquire(entry("a", 5000), filler(content("a", 5000))) as h:
         assert h.path.read_bytes() == content("a", 5000)
     assert int((tmp_path / "cache.usage").read_text()) >= disk_usage(tmp_path)
+
+
+def test_a_scan_that_lists_a_download_just_before_it_is_placed_still_counts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A download is renamed into place without the cache lock: a scan that listed its ``.part``
+    finds that name gone when it looks at the file, and must count the ``.shard`` instead."""
+    cache, other = Cache(tmp_path, 10**6), Cache(tmp_path, 10**6)
+    data = content("a", 20_000)
+    listing = os.scandir
+
+    def placed_after_the_listing(path: Path, algorithm: str | None) -> None:
+        path.write_bytes(data)
+        shard = path.with_suffix(".shard")
+
+        def listed(d: object) -> object:
+            files = list(listing(d))  # type: ignore[arg-type]
+            if path.exists() and Path(str(d)) == path.parent:
+                os.replace(path, shard)  # the downloader renames it into place between the listing and the stat
+            return iter(files)
+
+        monkeypatch.setattr(os, "scandir", listed)
+        with other._space() as ledger:
+            ledger.fits(10**6, force=False)  # more than the ledger has room for: a full scan
+        monkeypatch.setattr(os, "scandir", listing)
+        os.replace(shard, path)  # back where the real rename expects it
+        return None
+
+    with cache.acquire(entry("a", 20_000), placed_after_the_listing) as h:
+        assert h.path.read_bytes() == data
+    assert int((tmp_path / "cache.usage").read_text()) >= disk_usage(tmp_path)

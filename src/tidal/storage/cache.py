@@ -28,9 +28,10 @@ less than what is on disk: a reservation adds to it before the space is used, an
 but a full scan lowers it. When a reservation does not fit the ledger, the directory is
 scanned, stale ``.part`` files are swept, and the least recently used entries no one holds
 are evicted down to a low-water mark (90% of the limit), so that scans are rare even when
-the cache is full; the scan's total becomes the ledger. A crash can only leave the ledger
-too high, which the next scan corrects. Recency is the mtime of ``k.meta``, touched on
-every use. The indexes of remote datasets (``<root>/index/``) count too.
+the cache is full; the scan's total, plus two blocks in which the directories may grow,
+becomes the ledger. A crash can only leave the ledger too high, which the next scan
+corrects. Recency is the mtime of ``k.meta``, touched on every use. The indexes of remote
+datasets (``<root>/index/``) count too.
 
 Nothing here is ever world-writable, whatever the umask: directories are made ``0o755``
 and files ``0o644`` (less where the umask says so). A directory that cannot be written, or
@@ -64,6 +65,8 @@ LEDGER = "cache.usage"
 LOW_WATER = 0.9  # a scan that must evict evicts down to this share of the limit
 _META_SLACK = 4096  # a .meta file on disk
 _DIR_SHARE = 4096  # what an entry's six names may add to its directory: at most a block
+_DIR_GROWTH = 2 * 4096  # kept free by every scan: lock files are made before their entry reserves room,
+# and ext4 turns a full one-block directory into an indexed one of three blocks at once
 _HASH_TRIES = 3  # downloads of one entry that may fail their size or hash check
 DISK_FULL_WAIT = 5.0  # seconds a reader waits for held entries to go before a full disk is an error
 DIR_MODE = 0o755  # never group- or world-writable, whatever the umask
@@ -382,7 +385,7 @@ class Cache:
                     raise StorageError(  # only this reader's own shards could make room: waiting cannot help
                         f"{url}: no room in the shard cache {self.root} for {entry.size:,} bytes: its reader holds "
                         f"{reserved:,} bytes of shards it reads now, the index and directories take "
-                        f"{self.fixed():,}, and the cache_limit is {self.limit:,} bytes; raise cache_limit",
+                        f"{self.fixed():,} with room to grow, and the cache_limit is {self.limit:,} bytes; raise cache_limit",
                         url=url,
                     )
             if not force:
@@ -429,11 +432,14 @@ class Cache:
 
     def usage(self) -> int:
         """Bytes the cache takes on disk now, by a full scan (what ``du`` counts)."""
-        return sum(e[1] for e in self._scan().values()) + self.fixed()
+        return sum(e[1] for e in self._scan().values()) + self._fixed_on_disk()
 
     def fixed(self) -> int:
-        """Bytes on disk that are not entries, which no eviction frees: the directories, the
-        ledger, the remote indexes."""
+        """Bytes kept for what is not an entry, which no eviction frees: the directories, the
+        ledger, the remote indexes, and two blocks in which the directories may grow."""
+        return self._fixed_on_disk() + _DIR_GROWTH
+
+    def _fixed_on_disk(self) -> int:
         total = 0
         for d in (self.root, self.root / "shards", self.root / "index"):
             with contextlib.suppress(FileNotFoundError):
@@ -455,7 +461,12 @@ class Cache:
             try:
                 st = e.stat()
             except FileNotFoundError:
-                continue
+                if kind != "part":
+                    continue
+                try:  # renamed into place since the listing, which has not got the new name: count it
+                    st, kind = os.stat(_Files(self.root, key).shard), "shard"
+                except FileNotFoundError:
+                    continue
             used, size, complete = out.get(key, (0.0, 0, False))
             if kind == "meta":
                 used, complete = st.st_mtime, True

@@ -71,6 +71,19 @@ def test_missing_column_in_json_record_names_the_line(tmp_path: Path) -> None:
         list(tidal.Dataset(path, columns=["text"]))
 
 
+def test_json_records_keep_the_columns_asked_for_in_their_order(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"id": 0, "text": "a"}\n{"text": "b", "id": 1}\n{"id": 2, "text": "c", "extra": []}\n')
+    assert [list(r.items()) for r in tidal.Dataset(path, columns=["id", "text"])] == [
+        [("id", 0), ("text", "a")],
+        [("id", 1), ("text", "b")],
+        [("id", 2), ("text", "c")],
+    ]
+    assert list(tidal.Dataset(path, columns=["text"])) == [{"text": "a"}, {"text": "b"}, {"text": "c"}]
+    assert list(tidal.Dataset(path))[1:] == [{"text": "b", "id": 1}, {"id": 2, "text": "c", "extra": []}]
+    assert list(list(r) for r in tidal.Dataset(path))[1] == ["text", "id"]  # as the line has them
+
+
 def test_skip_drops_bad_records_and_keeps_the_rest(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"id": 0}\n{oops\n{"id": 2}\nnot json\n{"id": 4}\n')
@@ -240,3 +253,21 @@ def test_lines_across_pieces_keep_records_and_line_numbers(tmp_path: Path, monke
     assert [bytes(g) for g in got] == [ln for _, ln in want[-120:-3]]
     assert numbers == [n for n, _ in want[-120:-3]]
     reader.close()
+
+
+def test_a_batch_stacks_plain_numbers_and_says_which_records_do_not_match(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    lines = ['{"i": 1, "f": 0.5, "b": true, "m": 1, "n": 2}', '{"i": 2, "f": 1.5, "b": false, "m": 2.5, "n": false}']
+    path.write_text("\n".join(lines) + "\n")
+    (batch,) = tidal.Dataset(path).batch(2)
+    assert batch["i"].dtype == np.int64 and batch["i"].tolist() == [1, 2]
+    assert batch["f"].dtype == np.float64 and batch["b"].dtype == np.bool_ and batch["m"].tolist() == [1.0, 2.5]
+    assert batch["n"] == [2, False]  # a bool among ints is not a number of the column: kept as given
+    path.write_text('{"id": 0, "text": "a"}\n{"id": 1}\n')
+    with pytest.raises(TypeError, match=r"same fields: \['id', 'text'\] and \['id'\]"):
+        list(tidal.Dataset(path).batch(2))
+    path.write_text('{"id": 0}\n{"id": 1}\n')
+    with pytest.raises(TypeError, match=r"records that are dicts, got int"):
+        list(tidal.Dataset(path).map(lambda r: r["id"]).batch(2))
+    with pytest.raises(TypeError, match=r"same fields: \['id'\] and int"):
+        list(tidal.Dataset(path).map(lambda r: r if r["id"] == 0 else 1).batch(2))

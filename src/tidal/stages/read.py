@@ -196,6 +196,8 @@ class ReadIterator(StageIterator):
         self._threads = env.read_threads() if alone and threaded(plan.shards.formats) else 1
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid it was made in, its threads)
         self._reading: list[Future[Piece]] = []  # reads in flight
+        # the next block, being read (see _read_ahead): (pid, its slices, their reads, what they skipped)
+        self._ahead: tuple[int, list, dict[int, Future[Piece]], dict[str, list[TidalError]]] | None = None
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(plan.shards.paths[:3]) + (", ..." if len(plan.shards) > 3 else "")
@@ -357,6 +359,7 @@ class ReadIterator(StageIterator):
         if perm is not None:
             table = take(table, perm)
         self._block_index, self._block = b, _Block(table, valid_before)
+        self._read_ahead(order, b + 1)
         if self._arrow_loaded >= RELEASE_BYTES:  # the blocks' freed memory back to the system, now and then:
             pa.default_memory_pool().release_unused()  # a call costs ~2 ms, too much for every small block
             self._arrow_loaded = 0
@@ -365,34 +368,64 @@ class ReadIterator(StageIterator):
     def _read_slices(self, slices: list[tuple[int, int, int]]) -> Iterator[Piece]:
         """Each slice's rows, in order. Where decoding releases the GIL and this reader is alone in
         its process, the files are read side by side in threads: the loop waits for a block
-        anyway, and one thread decodes Parquet at 0.5 GB/s."""
-        if self._reading:  # reads an interrupt left running use the readers: they end first
+        anyway, and one thread decodes Parquet at 0.5 GB/s. The block read ahead (see
+        :meth:`_read_ahead`) is taken as it is when it is the one asked for."""
+        ahead, self._ahead = self._ahead, None
+        if self._reading:  # reads ahead, or reads an interrupt left running: they use the readers, so they end first
             wait(self._reading)
             self._reading = []
-        threads = self._threads
-        if threads < 2 or len(slices) < 2 or len({s for s, _, _ in slices}) < len(slices):
+        self._policy.deferred = None
+        if not self._threaded(slices):
             for shard, a, z in slices:
                 yield self._read(shard, a, z)
             return
+        if ahead is not None and ahead[0] == os.getpid() and ahead[1] == slices:
+            reads, deferred = ahead[2], ahead[3]
+        else:
+            reads, deferred = self._submit(slices)
+            try:
+                wait(self._reading)
+                self._reading = []
+            finally:
+                self._policy.deferred = None
+        for shard, a, z in slices:
+            yield self._read(shard, a, z, reads.get(shard), deferred)
+
+    def _threaded(self, slices: list[tuple[int, int, int]]) -> bool:
+        return self._threads >= 2 and len(slices) >= 2 and len({s for s, _, _ in slices}) == len(slices)
+
+    def _submit(
+        self, slices: list[tuple[int, int, int]]
+    ) -> tuple[dict[int, Future[Piece]], dict[str, list[TidalError]]]:
+        """Start reading ``slices`` in the threads; what they skip is deferred until each piece
+        is taken (:meth:`_read`), so that the policy sees it in file order."""
         readers: dict[int, Reader] = {}
         for shard, _, _ in slices:  # opened here: the table of open readers is this thread's alone
             if shard not in self._broken:
-                with contextlib.suppress(Exception):  # opened again below, its error handed to the policy
+                with contextlib.suppress(Exception):  # opened again when taken, its error handed to the policy
                     readers[shard] = self._reader(shard)
         pool = self._pool
         if pool is None or pool[0] != os.getpid():  # made in the process that reads (a fork has no threads)
-            pool = self._pool = (os.getpid(), ThreadPoolExecutor(threads, thread_name_prefix="tidal-read"))
+            pool = self._pool = (os.getpid(), ThreadPoolExecutor(self._threads, thread_name_prefix="tidal-read"))
         deferred: dict[str, list[TidalError]] = {}
         self._policy.deferred = deferred
-        try:
-            reads = {s: pool[1].submit(readers[s].read, a, z) for s, a, z in slices if s in readers}
-            self._reading = list(reads.values())
-            wait(self._reading)
-            self._reading = []
-        finally:
-            self._policy.deferred = None
-        for shard, a, z in slices:
-            yield self._read(shard, a, z, reads.get(shard), deferred)
+        reads = {s: pool[1].submit(readers[s].read, a, z) for s, a, z in slices if s in readers}
+        self._reading = list(reads.values())
+        return reads, deferred
+
+    def _read_ahead(self, order: EpochOrder, b: int) -> None:
+        """Start reading block ``b`` in the threads while the loop takes the batches of the block
+        before it: the loop then never waits for a block (one block more in memory, read, not
+        yet made Python). Only for local files: remote ones are fetched ahead by the prefetcher."""
+        if b >= order.blocks or self._plan.storage is not None:
+            return
+        slices = order.slices(b)
+        begin, end = int(order.starts[b]), int(order.starts[b + 1])
+        intervals, _ = self._share(order.epoch)
+        if not self._threaded(slices) or not any(a < end and begin < z for a, z in intervals):
+            return  # not this reader's to read: no read ahead at the end of its share
+        reads, deferred = self._submit(slices)
+        self._ahead = (os.getpid(), slices, reads, deferred)
 
     def _read(
         self,

@@ -367,9 +367,9 @@ class ReadIterator(StageIterator):
 
     def _read_slices(self, slices: list[tuple[int, int, int]]) -> Iterator[Piece]:
         """Each slice's rows, in order. Where decoding releases the GIL and this reader is alone in
-        its process, the files are read side by side in threads: the loop waits for a block
-        anyway, and one thread decodes Parquet at 0.5 GB/s. The block read ahead (see
-        :meth:`_read_ahead`) is taken as it is when it is the one asked for."""
+        its process, the files are read side by side in threads (one thread decodes Parquet at
+        0.5 GB/s). The block read ahead (see :meth:`_read_ahead`) is taken as it is when it is
+        the one asked for."""
         ahead, self._ahead = self._ahead, None
         if self._reading:  # reads ahead, or reads an interrupt left running: they use the readers, so they end first
             wait(self._reading)
@@ -415,8 +415,9 @@ class ReadIterator(StageIterator):
 
     def _read_ahead(self, order: EpochOrder, b: int) -> None:
         """Start reading block ``b`` in the threads while the loop takes the batches of the block
-        before it: the loop then never waits for a block (one block more in memory, read, not
-        yet made Python). Only for local files: remote ones are fetched ahead by the prefetcher."""
+        before it, so that it waits for a block only when it takes batches faster than the threads
+        decode (one block more in memory, read, not yet made Python). Only for local files:
+        remote ones are fetched ahead by the prefetcher."""
         if b >= order.blocks or self._plan.storage is not None:
             return
         slices = order.slices(b)

@@ -163,3 +163,32 @@ def test_the_next_block_is_read_while_the_loop_takes_this_one(tmp_path: Path, mo
     whole = [r["id"] for r in ds]
     resumed = ds.iterator(state=state)
     assert first + [r["id"] for r in resumed] == whole and sorted(whole) == list(range(400))
+
+
+def test_an_iterator_continued_in_a_forked_child_reads_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork copies an iterator whose next block is being read by threads the child does not
+    have: the child reads that block afresh instead of waiting on them forever."""
+    import json
+    import signal
+
+    for f in range(4):
+        pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), tmp_path / f"{f}.parquet")
+    monkeypatch.setenv("TIDAL_READ_THREADS", "2")
+    ds = tidal.Dataset(tmp_path).shuffle(seed=1, block_size=80, shards_per_block=4)
+    whole = [r["id"] for r in ds]
+    it = ds.iterator()
+    first = [next(it)["id"] for _ in range(10)]  # the second block is being read ahead
+    out, into = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: read the rest, report it, leave without running the parent's cleanup
+        try:
+            signal.alarm(20)
+            os.write(into, json.dumps([r["id"] for r in it]).encode())
+        finally:
+            os._exit(0)
+    os.close(into)
+    with os.fdopen(out) as reader:
+        rest = json.loads(reader.read() or "null")
+    os.waitpid(pid, 0)
+    assert rest is not None and first + rest == whole
+    it.close()

@@ -372,7 +372,10 @@ class ReadIterator(StageIterator):
         the one asked for."""
         ahead, self._ahead = self._ahead, None
         if self._reading:  # reads ahead, or reads an interrupt left running: they use the readers, so they end first
-            wait(self._reading)
+            if self._pool is not None and self._pool[0] == os.getpid():
+                wait(self._reading)
+            else:  # made before a fork: their threads are not in this process, and their readers were mid-read
+                self._drop_readers()
             self._reading = []
         self._policy.deferred = None
         if not self._threaded(slices):
@@ -486,6 +489,11 @@ class ReadIterator(StageIterator):
         if remote is not None and remote.is_remote(index):
             remote.release(index)
 
+    def _drop_readers(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
     def _reader(self, index: int) -> Reader:
         reader = self._readers.get(index)
         if reader is None:
@@ -520,9 +528,7 @@ class ReadIterator(StageIterator):
                 pool[1].shutdown(wait=True)  # a read in flight (the loop was interrupted) ends before its file closes
         except Exception:  # the interpreter is exiting (its globals are gone): the threads were joined already
             pass
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
+        self._drop_readers()
         self._block = None
         if self._remote is not None:
             self._remote.close()

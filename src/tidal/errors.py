@@ -10,8 +10,9 @@
     ├── StateError           a saved state that does not fit the dataset or loader
     ├── ConfigError          a pipeline config that is malformed (names the key), or a dataset
     │                        that cannot be written as one (a lambda, a tokenizer object...)
-    └── StorageError         a remote read that failed for good, or a cache that cannot hold a
-                             shard (also OSError); names the URL, never credentials
+    └── StorageError         a remote read that failed for good, a cache that cannot hold a
+                             shard, or a machine out of file descriptors, memory or disk
+                             (also OSError); names the URL, never credentials; never skipped
 
 Every error that points at data says which file and, where there is one, which line or
 row. Context is added with ``add_note`` as an error travels up the stages. No exception of a

@@ -39,7 +39,7 @@ from typing import Any, overload
 import numpy as np
 
 from tidal.errors import FormatError, SourceError, StorageError
-from tidal.formats import Errors, bad, check_schemas, data_errors, detect, module
+from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
 from tidal.index_file import INDEX_NAME, Entries, holds_together, index_path, load, loads, locked, save
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
@@ -379,12 +379,13 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
             with fetcher.acquire(Entry(url, stat.size, stat.version)) as handle:
                 info = _scan_file(name, url, compression, str(handle.path))
                 entry["hash"] = handle.digest
-    except FormatError as exc:
-        return {"format": format or "?", **entry, "error": redact_urls(str(exc))}
     except StorageError:
         raise
-    except data_errors() as exc:  # what a format module let through: still named, never raw
-        error = f"{url}: unreadable ({type(exc).__name__}): {exc}"
+    except (FormatError, *data_errors()) as exc:  # type: ignore[misc]  # a tuple of exception classes
+        _not_exhausted(url, exc)
+        if isinstance(exc, FormatError):
+            return {"format": format or "?", **entry, "error": redact_urls(str(exc))}
+        error = f"{url}: unreadable ({type(exc).__name__}): {exc}"  # what a format module let through: named
         return {"format": format or "?", **entry, "error": redact_urls(error)}
     entry["rows"] = info.pop("rows")
     if info:
@@ -419,11 +420,21 @@ def _scan(path: str, format: str | None, size: int, mtime_ns: int) -> dict:
         name, compression = detect(path, format)
         entry.update(format=name, compression=compression)
         info = module(name).scan(path, compression)
-    except FormatError as exc:
-        return {"format": format or "?", **entry, "error": str(exc)}
-    except data_errors() as exc:  # what a format module let through: still named, never raw
+    except (FormatError, *data_errors()) as exc:  # type: ignore[misc]  # a tuple of exception classes
+        _not_exhausted(path, exc)
+        if isinstance(exc, FormatError):
+            return {"format": format or "?", **entry, "error": str(exc)}
+        # what a format module let through: still named, never raw
         return {"format": format or "?", **entry, "error": f"{path}: unreadable ({type(exc).__name__}): {exc}"}
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info
     return entry
+
+
+def _not_exhausted(path: str, exc: BaseException) -> None:
+    """Raise a StorageError if ``exc`` says the machine ran out of something: a file is not
+    bad, nor remembered so in the index, because this process had no file descriptor left."""
+    short = exhausted(exc)
+    if short is not None:
+        raise StorageError(f"{redact_urls(path)}: out of {short} while indexing it: {exc}") from exc

@@ -52,9 +52,11 @@ Adding a format is one module and one line in ``_MODULES`` and ``_ENDINGS``.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -293,6 +295,33 @@ def _data_errors() -> tuple[type[Exception], ...]:
 def data_errors() -> tuple[type[Exception], ...]:
     """The exceptions of Python and the dependencies that bad bytes cause (import is lazy)."""
     return _data_errors()
+
+
+_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
+_EXHAUSTED_TEXT = re.compile(r"[Ee]rrno ({})\b".format("|".join(str(n) for n in sorted(_EXHAUSTED))))
+
+
+def exhausted(exc: BaseException) -> str | None:
+    """What the machine ran out of, where ``exc`` (or what caused it) says it did: file
+    descriptors, memory or disk. Such an error is never the data's fault, so it is never
+    skipped as bad data nor remembered in the index (a reader or a library may have wrapped
+    it, keeping only ``[Errno 24]`` in its message)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MemoryError):
+            return "memory"
+        number = e.errno if isinstance(e, OSError) else None
+        if number is None:
+            found = _EXHAUSTED_TEXT.search(str(e))
+            number = int(found.group(1)) if found else None
+        if number in _EXHAUSTED:
+            return {errno.EMFILE: "file descriptors (ulimit -n)", errno.ENFILE: "file descriptors"}.get(
+                number, "memory" if number == errno.ENOMEM else "disk space"
+            )
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def check_options(name: str, options: Options | None) -> Options:

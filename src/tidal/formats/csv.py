@@ -229,7 +229,10 @@ class CsvReader:
         try:
             table = pc.read_csv(
                 buffer,
-                read_options=pc.ReadOptions(column_names=self._schema.names, use_threads=False),
+                # the segment as one block: Arrow's default block (1 MiB) refuses a longer record
+                read_options=pc.ReadOptions(
+                    column_names=self._schema.names, use_threads=False, block_size=min(len(data) + 1, (1 << 31) - 1)
+                ),
                 parse_options=pc.ParseOptions(delimiter=self._delimiter, invalid_row_handler=invalid),
                 convert_options=pc.ConvertOptions(
                     column_types=self._schema, include_columns=self._columns or self._schema.names

@@ -12,9 +12,7 @@ every record was skipped.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -25,11 +23,12 @@ import pyarrow as pa
 
 from tidal import env
 from tidal.errors import ConfigError, FormatError, SchemaError, StateError, StorageError, TidalError
-from tidal.formats import Errors, Located, Piece, Reader, data_errors, module, threaded
+from tidal.formats import Errors, Located, Piece, Reader, data_errors, exhausted, module, threaded
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shards
 from tidal.stages import Context, Stage, StageIterator
 from tidal.stages.policy import Policy
+from tidal.stages.readers import NotOpened, OpenReaders
 from tidal.stages.transform import reference
 from tidal.state import keys as k
 from tidal.state.view import View
@@ -158,7 +157,7 @@ class ReadIterator(StageIterator):
     positions of its share were passed (``offset``).
     """
 
-    MAX_OPEN = 64
+    MAX_OPEN = 64  # idle readers kept open; those in use are never closed (see OpenReaders)
 
     def __init__(
         self,
@@ -173,7 +172,7 @@ class ReadIterator(StageIterator):
         self._world = world
         self.key = key
         self.exact = True  # one record per position (bar records skipped as bad)
-        self._readers: OrderedDict[int, Reader] = OrderedDict()
+        self._readers = OpenReaders(self._open_reader, self._reader_closed, self.MAX_OPEN)
         self._order: EpochOrder | None = None
         self._block_index = -1
         self._block: _Block | None = None
@@ -321,9 +320,7 @@ class ReadIterator(StageIterator):
             later = self._upcoming(order, b)
             first_later = [s for s, _, _ in order.slices(b + 1)] if b + 1 < order.blocks else []
             keep = {*now, *first_later}
-            for i in [i for i in self._readers if i not in keep and remote.is_remote(i)]:
-                self._readers.pop(i).close()  # done with it: let the cache evict it
-                remote.release(i)
+            self._readers.close_idle(lambda i: i in keep or not remote.is_remote(i))  # done with: evictable
             remote.ahead(now, later)
         tables, masks, any_skipped = [], [], False
         self._policy.missing.clear()
@@ -374,8 +371,8 @@ class ReadIterator(StageIterator):
         if self._reading:  # reads ahead, or reads an interrupt left running: they use the readers, so they end first
             if self._pool is not None and self._pool[0] == os.getpid():
                 wait(self._reading)
-            else:  # made before a fork: their threads are not in this process, and their readers were mid-read
-                self._drop_readers()
+            # else made before a fork: their threads are not in this process; the readers they were
+            # using are the parent's, closed by OpenReaders when this process first uses it
             self._reading = []
         self._policy.deferred = None
         if not self._threaded(slices):
@@ -400,21 +397,21 @@ class ReadIterator(StageIterator):
     def _submit(
         self, slices: list[tuple[int, int, int]]
     ) -> tuple[dict[int, Future[Piece]], dict[str, list[TidalError]]]:
-        """Start reading ``slices`` in the threads; what they skip is deferred until each piece
-        is taken (:meth:`_read`), so that the policy sees it in file order."""
-        readers: dict[int, Reader] = {}
-        for shard, _, _ in slices:  # opened here: the table of open readers is this thread's alone
-            if shard not in self._broken:
-                with contextlib.suppress(Exception):  # opened again when taken, its error handed to the policy
-                    readers[shard] = self._reader(shard)
+        """Start reading ``slices`` in the threads, each opening its file's reader if none is open;
+        what they skip is deferred until each piece is taken (:meth:`_read`), so that the policy
+        sees it in file order."""
         pool = self._pool
         if pool is None or pool[0] != os.getpid():  # made in the process that reads (a fork has no threads)
             pool = self._pool = (os.getpid(), ThreadPoolExecutor(self._threads, thread_name_prefix="tidal-read"))
         deferred: dict[str, list[TidalError]] = {}
         self._policy.deferred = deferred
-        reads = {s: pool[1].submit(readers[s].read, a, z) for s, a, z in slices if s in readers}
+        reads = {s: pool[1].submit(self._read_held, s, a, z) for s, a, z in slices if s not in self._broken}
         self._reading = list(reads.values())
         return reads, deferred
+
+    def _read_held(self, index: int, a: int, z: int) -> Piece:
+        with self._readers.using(index) as reader:
+            return reader.read(a, z)
 
     def _read_ahead(self, order: EpochOrder, b: int) -> None:
         """Start reading block ``b`` in the threads while the loop takes the batches of the block
@@ -444,22 +441,21 @@ class ReadIterator(StageIterator):
         path = redact_urls(self._plan.shards[index].path)  # as its reader names it
         if index in self._broken:  # could not be opened: handed to the policy once, skipped since
             return Piece([], np.zeros(z - a, dtype=bool))
-        opened = False
+        failure: Exception
         try:
             if done is not None and deferred is not None:
-                opened = True
                 self._policy.replay(path, deferred)  # the records it skipped, then what ended it
                 return done.result()
-            reader = self._reader(index)
-            opened = True
-            return reader.read(a, z)
+            return self._read_held(index, a, z)
+        except NotOpened as exc:
+            failure, opened = exc.cause, False
         except Exception as exc:
-            error = self._unreadable(path, exc)
-            self._drop(index)
-            if not opened:
-                self._broken[index] = error
-            self._policy(path, error)  # raises unless the policy skips it
-            return Piece([], np.zeros(z - a, dtype=bool))
+            failure, opened = exc, True
+        error = self._unreadable(path, failure)  # out of the except: what it re-raises keeps its own traceback
+        if not opened:
+            self._broken[index] = error
+        self._policy(path, error)  # raises unless the policy skips it
+        return Piece([], np.zeros(z - a, dtype=bool))
 
     def _unreadable(self, path: str, exc: Exception) -> TidalError:
         """What a reader raised, as a FormatError naming the file; re-raised as it is where no
@@ -467,6 +463,9 @@ class ReadIterator(StageIterator):
         policy = self._policy
         if exc is policy.stopped or isinstance(exc, (SchemaError, StorageError, StateError)):
             raise exc
+        short = exhausted(exc)
+        if short is not None:  # the machine's fault, not the file's: never skipped
+            raise StorageError(f"{path}: out of {short} while reading it: {exc}") from exc
         if isinstance(exc, TidalError):
             if policy.errors == "raise":
                 raise exc
@@ -478,48 +477,26 @@ class ReadIterator(StageIterator):
             raise error from exc
         return error
 
-    def _drop(self, index: int) -> None:
-        """Close shard ``index``'s reader after a failure: a later read opens it afresh."""
-        reader = self._readers.pop(index, None)
-        if reader is None:
-            return
-        with contextlib.suppress(Exception):  # a reader that failed: its error is the one that matters
-            reader.close()
-        remote = self._prefetcher()
+    def _open_reader(self, index: int) -> Reader:
+        shard = self._plan.shards[index]
+        columns = list(self._plan.columns) if self._plan.columns is not None else None
+        info, remote, name = shard.info, self._prefetcher(), shard.path
         if remote is not None and remote.is_remote(index):
-            remote.release(index)
+            info = {**info, "file": Located(remote.open(index))}  # a held local copy, or ranged reads
+            name = redact_urls(shard.path)  # errors name the shard, never a signed URL's query
+        try:
+            fmt = module(shard.format)
+            errors = self._policy.for_file(name)
+            return fmt.open(name, shard.compression, info, columns, errors, self._plan.options)
+        except BaseException:
+            if remote is not None:
+                remote.release(index)
+            raise
 
-    def _drop_readers(self) -> None:
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
-
-    def _reader(self, index: int) -> Reader:
-        reader = self._readers.get(index)
-        if reader is None:
-            shard = self._plan.shards[index]
-            columns = list(self._plan.columns) if self._plan.columns is not None else None
-            info, remote, name = shard.info, self._prefetcher(), shard.path
-            if remote is not None and remote.is_remote(index):
-                info = {**info, "file": Located(remote.open(index))}  # a held local copy, or ranged reads
-                name = redact_urls(shard.path)  # errors name the shard, never a signed URL's query
-            try:
-                fmt = module(shard.format)
-                errors = self._policy.for_file(name)
-                reader = fmt.open(name, shard.compression, info, columns, errors, self._plan.options)
-            except BaseException:
-                if remote is not None:
-                    remote.release(index)
-                raise
-            self._readers[index] = reader
-            if len(self._readers) > self.MAX_OPEN:
-                old, oldest = self._readers.popitem(last=False)
-                oldest.close()
-                if remote is not None:
-                    remote.release(old)
-        else:
-            self._readers.move_to_end(index)
-        return reader
+    def _reader_closed(self, index: int) -> None:
+        remote = self._remote
+        if remote is not None and remote.is_remote(index):
+            remote.release(index)  # the cache may evict its copy again
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -528,7 +505,7 @@ class ReadIterator(StageIterator):
                 pool[1].shutdown(wait=True)  # a read in flight (the loop was interrupted) ends before its file closes
         except Exception:  # the interpreter is exiting (its globals are gone): the threads were joined already
             pass
-        self._drop_readers()
+        self._readers.close()
         self._block = None
         if self._remote is not None:
             self._remote.close()
@@ -553,7 +530,7 @@ class ReadIterator(StageIterator):
         epoch, in order: what :meth:`_load` keeps open (this block's shards, and those of the
         next block that are open already), for the prefetcher to check the cache can hold it."""
         intervals, _ = self._share(order.epoch)
-        held = {i for i in self._readers if remote.is_remote(i)}
+        held = {i for i in self._readers.indices() if remote.is_remote(i)}
         last, after = -1, set[int]()
         for a, z in intervals:
             if z <= a:

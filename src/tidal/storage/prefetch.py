@@ -43,6 +43,9 @@ from tidal.storage.urls import is_remote
 
 RANGE_MIN_BYTES = 32 << 20  # smaller files are cheaper to fetch whole
 RANGE_MAX_SHARE = 0.5  # read in place when the wanted columns are under this share of the file
+# shards pinned or being fetched ahead at once, at most: each pin holds a file descriptor, and a
+# block may read thousands of small files; more are fetched as the reader opens these
+AHEAD_MAX = 32
 
 
 def entry(shard: Any) -> Entry:
@@ -86,6 +89,8 @@ class Prefetcher:
         self._pinned: dict[int, Handle] = {}  # fetched ahead, not opened yet
         self._held: dict[int, Handle] = {}  # shards the reader has open
         self._chosen: set[int] = set()  # what the last ``ahead`` decided to have on disk
+        self._wanted: list[int] = []  # the same, in the order the reader opens them
+        self._next = 0  # the first of them not started yet (see _fill)
         self._ranged: set[int] = set()  # Parquet shards read in place because the cache cannot hold them
         self._checked: int | None = None  # the epoch ``require`` last checked
         self._pool: ThreadPoolExecutor | None = None
@@ -137,6 +142,8 @@ class Prefetcher:
         finally:
             if pin is not None:  # held now (or failed): the pin has done its work
                 pin.release()
+            with self._lock:
+                self._fill()  # one fewer ahead: the next wanted one may start
             self.stats.add(io_wait_s=time.monotonic() - t0)
 
     def release(self, index: int) -> None:
@@ -211,25 +218,23 @@ class Prefetcher:
         """Have on disk the shards the reader opens ``now`` and, in the background, the next
         ``Storage.prefetch`` distinct ones of ``later`` (in order) as far as the cache has room
         for them beside what this reader holds; drop the fetches and pins of the others."""
-        wanted: list[int] = []
-        for i in now:
-            if i not in wanted and self._fetches_whole(i):
-                wanted.append(i)
-        first_later = len(wanted)
+        seen = dict.fromkeys(i for i in now if self._fetches_whole(i))  # in order, each once
+        first_later = len(seen)
         budget = self._storage.prefetch
         for i in later:
             if budget <= 0:
                 break
-            if i not in wanted and self._fetches_whole(i):
-                wanted.append(i)
+            if i not in seen and self._fetches_whole(i):
+                seen[i] = None
                 budget -= 1
+        wanted = list(seen)
         cache = self._fetcher.cache
         room = cache.limit - cache.fixed()
         unpin: list[Handle] = []
         with self._lock:
             if self._closed:
                 return
-            room -= sum(self._size(i) for i in self._held if i not in wanted)  # held, not needed again soon
+            room -= sum(self._size(i) for i in self._held if i not in seen)  # held, not needed again soon
             chosen: list[int] = []
             for n, i in enumerate(wanted):
                 room -= self._size(i)
@@ -241,17 +246,31 @@ class Prefetcher:
                 self._pending.pop(i).cancel()  # not needed soon after all; if it runs, its pin is dropped
             for i in [i for i in self._pinned if i not in self._chosen]:
                 unpin.append(self._pinned.pop(i))
-            for i in chosen[first_later:]:
-                fut = self._pending.get(i)
-                if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
-                    fut = fut if fut.result() is not None else None  # None: there was no room then, try again
-                if i not in self._held and i not in self._pinned and fut is None:
-                    self._pending[i] = self._executor().submit(self._prefetch, i)
-            for i in chosen[:first_later]:  # read now: fetched in the background while the first is read
-                if i not in self._held and i not in self._pinned and i not in self._pending:
-                    self._pending[i] = self._executor().submit(self._prefetch, i)
+            self._wanted, self._next = chosen, 0
+            self._fill()
         for h in unpin:
             h.release()
+
+    def _fill(self) -> None:
+        """Start fetching the wanted shards not yet started (each once per :meth:`ahead`) that are
+        neither held nor pinned, in order, while fewer than :data:`AHEAD_MAX` are pinned or on
+        their way (lock held)."""
+        if self._closed:
+            return
+        ahead = len(self._pending.keys() | self._pinned.keys())
+        while self._next < len(self._wanted) and ahead < AHEAD_MAX:
+            i = self._wanted[self._next]
+            self._next += 1
+            if i in self._held or i in self._pinned:
+                continue
+            fut = self._pending.get(i)
+            done = fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+            if fut is not None and done and fut.result() is None:  # there was no room then: try again
+                del self._pending[i]
+                fut = None
+            if fut is None:
+                self._pending[i] = self._executor().submit(self._prefetch, i)
+                ahead += 1
 
     def _fetches_whole(self, index: int) -> bool:
         return (

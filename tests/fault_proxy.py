@@ -69,7 +69,7 @@ class _Handler(socketserver.BaseRequestHandler):
         rfile = sock.makefile("rb")
         try:
             while not proxy._stopping.is_set():
-                request = _read_request(rfile)
+                request = _read_request(rfile, sock)
                 if request is None:
                     return
                 method, target, headers, body = request
@@ -115,7 +115,11 @@ class _Handler(socketserver.BaseRequestHandler):
             proxy._track(sock, False)
 
 
-def _read_request(rfile: Any) -> tuple[str, str, list[tuple[str, str]], bytes] | None:
+def _read_request(
+    rfile: Any, sock: socket.socket | None = None
+) -> tuple[str, str, list[tuple[str, str]], bytes] | None:
+    """One request; a client that asks to be told to go on (``Expect: 100-continue``, as botocore
+    does before a PUT's body) is told so, and the header is not passed on."""
     line = rfile.readline(65537)
     if not line or not line.strip():
         return None
@@ -132,6 +136,10 @@ def _read_request(rfile: Any) -> tuple[str, str, list[tuple[str, str]], bytes] |
             length = int(v)
         if k.lower() == "transfer-encoding":
             raise OSError("chunked request bodies are not supported by this proxy")
+        if k.lower() == "expect" and v.lower() == "100-continue":
+            if sock is not None:
+                sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            continue
         headers.append((k, v))
     body = rfile.read(length) if length else b""
     return method, target, headers, body

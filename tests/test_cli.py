@@ -239,15 +239,15 @@ def test_plan_reports_cache_quality_and_first_batch(data: Path) -> None:
 def _opened(ds: tidal.Dataset, world: World, monkeypatch: pytest.MonkeyPatch) -> tuple[set[int], list[list[int]]]:
     """The shards a real reader opens, and the ids of its batches."""
     opened: set[int] = set()
-    real = ReadIterator._reader
+    real = ReadIterator._open_reader
 
     def spy(self: ReadIterator, index: int):  # type: ignore[no-untyped-def]
         opened.add(index)
         return real(self, index)
 
-    monkeypatch.setattr(ReadIterator, "_reader", spy)
+    monkeypatch.setattr(ReadIterator, "_open_reader", spy)
     batches = [b["id"].tolist() for b in ds.iterator(world)]
-    monkeypatch.setattr(ReadIterator, "_reader", real)
+    monkeypatch.setattr(ReadIterator, "_open_reader", real)
     return opened, batches
 
 

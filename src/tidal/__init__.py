@@ -21,6 +21,7 @@ from tidal.errors import (
     StorageError,
     TidalError,
 )
+from tidal.indexing import index
 from tidal.shards import Shard, Shards
 from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
@@ -45,6 +46,7 @@ __all__ = [
     "StorageError",
     "TidalError",
     "World",
+    "index",
     "mix",
 ]
 

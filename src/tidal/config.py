@@ -80,9 +80,10 @@ SOURCE = (
     "cache_dir",
     "cache_limit",
     "storage",
+    "index_url",
     "storage_options_removed",  # written by to_config(), for the reader; not used
 )
-STORAGE = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend", "retry")
+STORAGE = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend", "index_url", "publish_index", "retry")
 RETRY = ("attempts", "backoff", "max_backoff")
 MIX = ("streams", "weights", "seed", "stop", "choose", "repeat", "epoch_size")
 SCHEDULE = {"piecewise": (), "linear": ("start", "end", "steps"), "cosine": ("start", "end", "steps")}

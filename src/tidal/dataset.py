@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from tidal.discover import open_shards
 from tidal.formats import Errors, check_columns, check_errors, check_options
 from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
-from tidal.listing import listing
-from tidal.shards import Shards, index
+from tidal.shards import Shards
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Mix, Schedule
@@ -97,6 +97,7 @@ class Dataset:
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
         storage: Storage | None = None,
+        index_url: str | None = None,
     ):
         """Index ``src`` (URLs too: any fsspec protocol) and describe how to read it.
 
@@ -106,7 +107,13 @@ class Dataset:
         shards evicted first.
         ``storage_options`` go to the fsspec filesystem (credentials, ``endpoint_url``...).
         ``storage`` (a :class:`tidal.storage.Storage`) sets everything else: timeouts,
-        retries, prefetch depth; the three arguments before it override its fields.
+        retries, prefetch depth; the three arguments before it, and ``index_url``, override
+        its fields.
+
+        A remote directory or glob is opened from the index published beside it (``tidal
+        index URL``, or ``index_url``) when there is one: one request, no listing. Where there
+        is none, what this job counts is published there for the next ones, where the store
+        lets it (``Storage.publish_index``; see :mod:`tidal.published`).
 
         >>> tidal.Dataset("s3://bucket/web/*.parquet", columns=["text"], cache_limit="20GB")
         """
@@ -115,17 +122,21 @@ class Dataset:
         if isinstance(columns, str):
             columns = [columns]
         settings = storage or Storage()
-        overrides: dict[str, Any] = {"options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit}
+        overrides: dict[str, Any] = {
+            "options": storage_options,
+            "cache_dir": cache_dir,
+            "cache_limit": cache_limit,
+            "index_url": index_url,
+        }
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if overrides:
             settings = replace(settings, **overrides)
         src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
+        indexed = False
         if held is not None:
             shards = Shards.of(held)
         else:
-            found = listing(src, settings, follow_links)
-            settings = settings.for_files(found)  # the default cache directory: keyed by the dataset's URL
-            shards = index(list(found), fmt, errors, settings, found)
+            settings, shards, indexed = open_shards(src, fmt, errors, settings, follow_links)
         check_columns(shards, columns)
         plan = ReadPlan(
             shards=shards,
@@ -138,6 +149,7 @@ class Dataset:
             storage=settings if any(map(is_remote, shards.paths)) else None,
             options=dict(options),
             given={"src": _given(src), "format": format, "follow_links": follow_links},
+            indexed=indexed,
         )
         self._init(Read(plan))
 

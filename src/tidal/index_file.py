@@ -160,8 +160,11 @@ class Entries:
         ok = map(holds_together, c["rows"], c["format"], c["error"], c["info"])
         return np.fromiter([*ok, False], dtype=bool, count=len(self.keys) + 1)
 
-    def to_json(self) -> bytes:
+    def to_json(self, *, complete: bool = False) -> bytes:
+        """``complete``: the files are the whole listing of the data (see :mod:`tidal.published`)."""
         out: dict[str, Any] = {"version": VERSION, "files": self.keys}
+        if complete:
+            out["complete"] = True
         out.update((_STORED.get(f, f), c) for f, c in self.columns.items() if any(v is not None for v in c))
         return json.dumps(out, separators=(",", ":")).encode()
 

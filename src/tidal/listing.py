@@ -16,16 +16,27 @@ from collections.abc import Iterator, Sequence
 
 from tidal.errors import SourceError
 from tidal.formats import known_ending
+from tidal.published import Sources, listed, location, read
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.urls import local_path, protocol
 
 
 def listing(
-    src: str | os.PathLike | Sequence[str | os.PathLike], storage: Storage | None = None, follow_links: bool = False
+    src: str | os.PathLike | Sequence[str | os.PathLike],
+    storage: Storage | None = None,
+    follow_links: bool = False,
+    *,
+    format: str | None = None,
+    sources: Sources | None = None,
 ) -> dict[str, FileStat | None]:
     """The files a source names, in a stable order (each entry's files sorted, entries in the order
     given), with what a remote listing said of each (None when local).
+
+    With ``sources``, a remote directory or glob is first looked up in the index published
+    beside it (:mod:`tidal.published`; what was found is kept in ``sources`` for the index):
+    where it is complete, it is the listing, and the store is asked nothing more. ``format``:
+    the job's ``format=``, which the index's entries must have been counted with.
 
     A directory or a glob is a *root*: a symbolic link found under it (a file, or a directory,
     which is searched like any other) is read when it points inside the root, and refused,
@@ -43,7 +54,7 @@ def listing(
         if proto is not None:
             if proto not in remotes:
                 remotes[proto] = Remote(proto, storage or Storage())
-            found = dict(remotes[proto].expand(os.fspath(entry), keep=known_ending))
+            found = dict(_remote_files(remotes[proto], os.fspath(entry), storage or Storage(), format, sources))
         else:
             found = dict.fromkeys(_local_files(entry, follow_links))
         for f in found:
@@ -53,12 +64,50 @@ def listing(
     return files
 
 
+def _remote_files(
+    remote: Remote, entry: str, storage: Storage, format: str | None, sources: Sources | None
+) -> dict[str, FileStat]:
+    """The files a remote entry names: from the complete index published for it, else listed."""
+    root = remote_root(entry) if sources is not None else None
+    if sources is not None and root is not None:
+        url = location(root, storage)
+        if url not in sources.found:
+            sources.found[url] = read(remote, url, root)
+        sources.roots.append((root, url))
+        published = sources.found[url]
+        if published is not None:
+            files = listed(published, entry, format, known_ending)
+            if files:
+                return files
+    return remote.expand(entry, keep=known_ending)
+
+
+def remote_root(entry: str) -> str | None:
+    """The directory URL a remote entry names, or the one its glob searches under; None for a
+    file (its name has an ending tidal reads) or a URL with a query string (a signed one).
+
+    >>> remote_root("s3://b/web/**/*.parquet")
+    's3://b/web'
+    """
+    scheme, rest = entry.split("://", 1)
+    if "?" in rest:
+        return None
+    if glob.has_magic(rest):
+        parts = rest.split("/")
+        fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+        return f"{scheme}://{'/'.join(parts[:fixed])}".rstrip("/") if fixed else None
+    name = rest.rstrip("/").rsplit("/", 1)[-1]
+    if not rest.endswith("/") and "." in name and known_ending(name):
+        return None
+    return entry.rstrip("/")
+
+
 def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
     path = os.path.abspath(os.path.expanduser(local_path(entry)))
     if glob.has_magic(path):
         root = _glob_root(path)
         if "**" in path:  # searched by the same walk as a directory: links checked, cycles cut
-            pattern = _glob_pattern(path[len(root) :].lstrip(os.sep))
+            pattern = glob_pattern(path[len(root) :].lstrip(os.sep))
             rel = len(root.rstrip(os.sep)) + 1
             matches = [(p, real) for p, real in _walk(root, follow_links) if pattern.fullmatch(p[rel:])]
         else:
@@ -165,13 +214,14 @@ def _walk_dirs(root: str, follow_links: bool) -> Iterator[tuple[str, str, list[s
         yield d, real_d, names, links
 
 
-def _glob_pattern(pattern: str) -> re.Pattern[str]:
-    """A glob below its root as a regex: ``**`` any directories, ``*`` and ``?`` within a name."""
+def glob_pattern(pattern: str, sep: str = os.sep) -> re.Pattern[str]:
+    """A glob below its root as a regex: ``**`` any directories, ``*`` and ``?`` within a name
+    (names split by ``sep``: ``"/"`` in URLs)."""
     out, i = [], 0
     while i < len(pattern):
         c = pattern[i]
-        if pattern.startswith("**" + os.sep, i):
-            out.append(f"(?:[^{os.sep}]+{os.sep})*")
+        if pattern.startswith("**" + sep, i):
+            out.append(f"(?:[^{sep}]+{sep})*")
             i += 3
             continue
         if pattern.startswith("**", i):
@@ -179,9 +229,9 @@ def _glob_pattern(pattern: str) -> re.Pattern[str]:
             i += 2
             continue
         if c == "*":
-            out.append(f"[^{os.sep}]*")
+            out.append(f"[^{sep}]*")
         elif c == "?":
-            out.append(f"[^{os.sep}]")
+            out.append(f"[^{sep}]")
         elif c == "[" and "]" in pattern[i + 1 :]:
             j = pattern.index("]", i + 2) if pattern[i + 1 : i + 2] == "]" else pattern.index("]", i + 1)
             body = pattern[i + 1 : j]

@@ -31,19 +31,23 @@ import hashlib
 import inspect
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
 
-from tidal.errors import FormatError, SourceError, StorageError
+from tidal.errors import FormatError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
-from tidal.index_file import INDEX_NAME, Entries, holds_together, index_path, load, loads, locked, save
+from tidal.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
+from tidal.published import Claim, Published, Sources, publish, wait_for
+from tidal.published import read as read_published
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
-from tidal.storage.retry import redact_urls
+from tidal.storage.retry import redact, redact_urls
 from tidal.storage.urls import protocol, url_root
 
 log = logging.getLogger("tidal")
@@ -196,13 +200,16 @@ def index(
     storage: Storage | None = None,
     stats: dict[str, FileStat | None] | None = None,
     progress: Callable[[int], None] | None = None,
+    *,
+    sources: Sources | None = None,
 ) -> Shards:
     """The shards of ``files``, from the cached index where it is still valid.
 
     Remote files (URLs) are indexed with ``storage``; ``stats`` may carry what their listing
     said (size, version), which spares a request per file. ``progress`` is called with the
     number of files done as they are (the files the index already knows at once): for a
-    progress bar.
+    progress bar. ``sources``: what the listing learned of the indexes published beside the
+    data (:mod:`tidal.published`); with it, what this job counts is published for the next.
     """
     done = progress or _nothing
     if "://" not in "\0".join(files):  # every file local: no URL, at C speed for a million
@@ -216,7 +223,7 @@ def index(
             shards = _index_local(group, format, errors, done)
         else:
             settings = (storage or Storage()).for_files(group)
-            shards = _index_remote(group, format, errors, settings, stats or {}, done)
+            shards = _index_remote(group, format, errors, settings, stats or {}, done, sources)
         found.update((s.path, s) for s in shards)
     return Shards.of(found[f] for f in files)
 
@@ -308,6 +315,7 @@ def _index_remote(
     storage: Storage,
     known: dict[str, FileStat | None],
     progress: Callable[[int], None],
+    sources: Sources | None = None,
 ) -> Shards:
     from tidal.storage.fetch import Fetcher
 
@@ -319,31 +327,203 @@ def _index_remote(
             stats: dict[str, FileStat] = {u: s for u, s in known.items() if s is not None}
             stats.update(zip(missing, pool.map(remote.stat, missing), strict=True))
         root = url_root(urls)
-        where = storage.root / "index" / f"{hashlib.sha1(root.encode()).hexdigest()[:16]}.json"
-        keys = _keys(urls, root, format)
-        with locked(where):
+        where, keys = _cache_index(urls, format, storage)
+        with locked(where):  # the processes of this machine count once, the first for all
             entries = load(where)
             todo = [j for j, u in enumerate(urls) if not _fresh_remote(entries.get(keys[j]), stats[u])]
-            if todo:  # a published index may know them
-                seed = _published(remote, f"{root}/{INDEX_NAME}")
-                for j in todo:
-                    e = seed.get(keys[j])
-                    if e is not None and _fresh_remote(e, stats[urls[j]]):
-                        entries.put(keys[j], e)
-                todo = [j for j in todo if not _fresh_remote(entries.get(keys[j]), stats[urls[j]])]
+            if todo:  # published indexes may know them
+                for published in _published_for(remote, sources, urls, root):
+                    todo = _seed(entries, published, urls, keys, stats, todo, format)
             progress(len(urls) - len(todo))
             if todo:
-                with ThreadPoolExecutor(min(16, len(todo))) as pool:
-                    scanned = pool.map(lambda j: _scan_remote(urls[j], format, stats[urls[j]], fetcher), todo)
-                    for j, entry in zip(todo, scanned, strict=True):
-                        entries.put(keys[j], entry)
-                        progress(1)
-                data = entries.to_json()
-                fetcher.cache.make_room(len(data) + 8192)  # the index lives in the cache: count it
-                save(where, entries, data)
+                counting = _Counting(urls, keys, stats, format, fetcher, entries, where, progress)
+                target = sources.target(urls) if sources is not None and storage.publish_index else None
+                if target is None:
+                    if sources is not None:  # a job (not `tidal index`): counting is a cost to point out
+                        _warn_counting(urls, todo, stats, storage, None)
+                    counting.run(todo)
+                else:
+                    _count_once(remote, target, counting, todo, storage)
+            data = entries.to_json()
+            fetcher.cache.make_room(len(data) + 8192)  # the index lives in the cache: count it
+            save(where, entries, data)
     finally:
         fetcher.close()
     return _shards(urls, entries, [entries.at[k] for k in keys], format, errors)
+
+
+def _cache_index(urls: list[str], format: str | None, storage: Storage) -> tuple[Path, list[str]]:
+    """Where the shard cache keeps the index of the remote ``urls``, and each one's key in it."""
+    root = url_root(urls)
+    return storage.root / "index" / f"{hashlib.sha1(root.encode()).hexdigest()[:16]}.json", _keys(urls, root, format)
+
+
+def uncounted(urls: list[str], format: str | None, storage: Storage, stats: dict[str, FileStat]) -> list[int]:
+    """Which of the remote ``urls`` the shard cache's index does not know as they are now."""
+    where, keys = _cache_index(urls, format, storage)
+    with locked(where):
+        entries = load(where)
+    return [j for j, u in enumerate(urls) if not _fresh_remote(entries.get(keys[j]), stats[u])]
+
+
+def record_counts(urls: list[str], format: str | None, storage: Storage, counted: dict[int, dict]) -> None:
+    """Keep what was counted of ``urls`` (by position) in the shard cache's index."""
+    where, keys = _cache_index(urls, format, storage)
+    with locked(where):
+        entries = load(where)
+        for j, entry in counted.items():
+            entries.put(keys[j], entry)
+        save(where, entries)
+
+
+def count_remote(urls: list[str], format: str | None, stats: list[FileStat], storage: Storage) -> list[dict]:
+    """The index entries of the remote ``urls``: Parquet from its footer, the rest from a copy
+    fetched into the shard cache; any number of processes may do this at once."""
+    from tidal.storage.fetch import Fetcher
+
+    fetcher = Fetcher(storage, data=False)
+    try:
+        with ThreadPoolExecutor(min(SCAN_THREADS, max(1, len(urls)))) as pool:
+            return list(pool.map(lambda u, st: _scan_remote(u, format, st, fetcher), urls, stats))
+    finally:
+        fetcher.close()
+
+
+def _published_for(remote: Remote, sources: Sources | None, urls: list[str], root: str) -> list[Published]:
+    """The published indexes that may know ``urls``: those the listing read, else the one beside them."""
+    if sources is not None and sources.found:
+        return [p for p in sources.found.values() if p is not None]
+    found = read_published(remote, f"{root}/{INDEX_NAME}", root)
+    return [found] if found is not None else []
+
+
+def _seed(
+    entries: Entries,
+    published: Published,
+    urls: list[str],
+    keys: list[str],
+    stats: dict[str, FileStat],
+    todo: list[int],
+    format: str | None,
+) -> list[int]:
+    """Take what ``published`` knows of the files ``todo`` into ``entries``; what is left to count."""
+    left = []
+    for j in todo:
+        e = published.entry(urls[j], format)
+        if e is not None and _fresh_remote(e, stats[urls[j]]):
+            entries.put(keys[j], e)
+        else:
+            left.append(j)
+    return left
+
+
+SAVE_EVERY_S = 30.0  # a count in progress is saved this often: a restart goes on from there
+
+
+class _Counting:
+    """Counting the records of remote files into ``entries`` (the cache's index), saved as it
+    goes so that a run cut off and started again counts only what is left."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        keys: list[str],
+        stats: dict[str, FileStat],
+        format: str | None,
+        fetcher: Any,
+        entries: Entries,
+        where: Any,
+        progress: Callable[[int], None],
+    ):
+        self.urls, self.keys, self.stats, self.format = urls, keys, stats, format
+        self.fetcher, self.entries, self.where, self.progress = fetcher, entries, where, progress
+
+    def run(self, todo: list[int]) -> None:
+        if not todo:
+            return
+        saved = time.monotonic()
+        with ThreadPoolExecutor(min(SCAN_THREADS, len(todo))) as pool:
+            scan = lambda j: _scan_remote(self.urls[j], self.format, self.stats[self.urls[j]], self.fetcher)  # noqa: E731
+            for j, entry in zip(todo, pool.map(scan, todo), strict=True):
+                self.entries.put(self.keys[j], entry)
+                self.progress(1)
+                if time.monotonic() - saved > SAVE_EVERY_S:
+                    save(self.where, self.entries)
+                    saved = time.monotonic()
+
+
+SCAN_THREADS = 32  # remote files counted at once: mostly waiting on the network (Parquet: a footer's range)
+
+
+def _count_once(
+    remote: Remote, target: tuple[str, str], counting: _Counting, todo: list[int], storage: Storage
+) -> None:
+    """Count ``todo`` once for every node: take the claim and count and publish, or wait for the
+    node that holds it to publish (see :mod:`tidal.published`)."""
+    root, url = target
+    claim = Claim(remote, url)
+    urls, stats = counting.urls, counting.stats
+
+    def covers(published: Published) -> bool:
+        return all(_fresh_remote(published.entry(urls[j], counting.format), stats[urls[j]]) for j in todo)
+
+    while todo:
+        verdict = claim.take()
+        if verdict == "theirs":
+            log.info("another node counts the files of %s: waiting for it to publish %s", redact(root), redact(url))
+            published = wait_for(remote, url, root, claim, covers)
+            if published is not None:
+                todo = _seed(counting.entries, published, urls, counting.keys, stats, todo, counting.format)
+                counting.progress(len(urls) - len(todo))
+            continue
+        if verdict == "denied":
+            _warn_counting(urls, todo, stats, storage, url)
+            counting.run(todo)
+            return
+        with claim.held():
+            existing = read_published(remote, url, root)  # published since we looked (by a node done already)?
+            if existing is not None:
+                todo = _seed(counting.entries, existing, urls, counting.keys, stats, todo, counting.format)
+                counting.progress(len(urls) - len(todo))
+                if not todo:
+                    return
+            counting.run(todo)
+            merged = existing.entries if existing is not None else Entries()
+            tag = f"#{counting.format}" if counting.format is not None else ""
+            for u, key in zip(urls, counting.keys, strict=True):
+                entry = counting.entries.get(key)
+                if entry is not None and u.startswith(root + "/"):
+                    merged.put(u[len(root) + 1 :] + tag, entry)
+            # what a job counted saves the next jobs counting, never their listing (see tidal.published)
+            why = publish(remote, url, merged, complete=existing is not None and existing.complete)
+            if why is not None:
+                log.warning("could not publish the index of %s (%s): each node counts its files", redact(root), why)
+        return
+
+
+_warned: set[str] = set()
+
+
+def _warn_counting(
+    urls: list[str], todo: list[int], stats: dict[str, FileStat], storage: Storage, denied: str | None
+) -> None:
+    """Once per dataset: counting line files downloads them, on every node, unless an index is published."""
+    whole = [j for j in todo if not _footer_only(urls[j], stats[urls[j]].size)]
+    root = url_root(urls)
+    if not whole or root in _warned:
+        return
+    _warned.add(root)
+    size = sum(stats[urls[j]].size for j in whole)
+    why = f"it may not write {redact(denied)}" if denied else "publish_index is off"
+    log.warning(
+        "%s: no index is published beside the data and %s, so this node downloads %d files (%s bytes) to count "
+        "their records, as every node of the job does; run `tidal index %s` once to publish one",
+        redact(root),
+        why,
+        len(whole),
+        f"{size:,}",
+        redact(root),
+    )
 
 
 def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
@@ -355,25 +535,15 @@ def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
     )
 
 
-def _published(remote: Remote, url: str) -> Entries:
-    """The entries of an index published beside the data, if there is one."""
-    try:
-        data = loads(bytes(remote.cat(url)))
-    except (StorageError, SourceError, ValueError):
-        return Entries()
-    return Entries.parse(data)
-
-
 def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> dict:
     from tidal.storage.cache import Entry
-    from tidal.storage.prefetch import RANGE_MIN_BYTES
 
     entry: dict = {"bytes": stat.size, "version": stat.version}
     try:
         name, compression = detect(url, format)
         entry.update(format=name, compression=compression)
-        if name == "parquet" and compression is None and stat.size >= RANGE_MIN_BYTES:
-            with fetcher.range_file(url, stat.size) as f:  # the footer is enough
+        if _footer_only(url, stat.size, (name, compression)):
+            with fetcher.range_file(url, stat.size) as f:  # the footer is enough: ranged GETs
                 info = _scan_file(name, url, compression, f)
         else:
             with fetcher.acquire(Entry(url, stat.size, stat.version)) as handle:
@@ -391,6 +561,15 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
     if info:
         entry["info"] = info
     return entry
+
+
+def _footer_only(url: str, size: int, detected: tuple[str, str | None] | None = None) -> bool:
+    """Whether a remote file is counted from its footer (Parquet), not from a downloaded copy."""
+    try:
+        name, compression = detected or detect(url)
+    except FormatError:
+        return False
+    return name == "parquet" and compression is None and size > 0
 
 
 def _scan_file(name: str, url: str, compression: str | None, file: Any) -> dict:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 MODULES = (
     "tidal.commands.inspect",
+    "tidal.commands.index",
     "tidal.commands.bench",
     "tidal.commands.plan",
     "tidal.convert.cli",
@@ -138,6 +139,7 @@ def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str 
 
     from tidal.hf_datasets import resolve as resolve_hf
     from tidal.listing import listing
+    from tidal.published import Sources
     from tidal.shards import index
     from tidal.storage.config import Storage
 
@@ -145,10 +147,11 @@ def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str 
     if held is not None:
         return
     settings = replace(Storage(), options=options, cache_dir=cache_dir)
-    found = listing(src, settings)
+    sources = Sources()  # as tidal.Dataset opens it: from a published index where there is one
+    found = listing(src, settings, format=fmt, sources=sources)
     bar = Bar(len(found), "index", "file", True)
     try:
-        index(list(found), fmt, "skip", settings.for_files(found), found, progress=bar.update)
+        index(list(found), fmt, "skip", settings.for_files(found), found, progress=bar.update, sources=sources)
     finally:
         bar.close()
 

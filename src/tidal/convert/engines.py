@@ -1,6 +1,8 @@
-"""Where the tasks of a conversion run: processes of this machine, or Ray tasks.
+"""Where the tasks of a job run (a conversion's shards, an index's batches of files):
+processes of this machine, or Ray tasks.
 
-Both run :func:`~tidal.convert.task.run_task` and hand each result to ``done`` as it comes.
+Both run ``job.run(task)`` and hand each result to ``done`` as it comes. A job is picklable and
+says what it is (``noun``) and what a task does (``doing(task)``) for the messages.
 
 - :func:`run_processes`: ``workers`` processes started with ``spawn`` (safe beside threads, the
   same on every OS); the job is sent once to each. A process that dies (killed, out of memory)
@@ -16,12 +18,19 @@ Both run :func:`~tidal.convert.task.run_task` and hand each result to ``done`` a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from tidal.convert.task import Job, run_task
 from tidal.errors import TidalError
 
-Done = Callable[[tuple[int, dict]], None]
+Done = Callable[[tuple[int, Any]], None]
+
+
+class Job(Protocol):
+    noun: str
+
+    def doing(self, task: int) -> str: ...
+
+    def run(self, task: int) -> tuple[int, Any]: ...
 
 
 _job: Job | None = None  # the job of a worker process, sent once when it starts
@@ -32,9 +41,9 @@ def _start_worker(job: Job) -> None:
     _job = job
 
 
-def _worker_task(shard: int) -> tuple[int, dict]:
+def _worker_task(shard: int) -> tuple[int, Any]:
     assert _job is not None
-    return run_task(_job, shard)
+    return _job.run(shard)
 
 
 def run_processes(job: Job, todo: list[int], workers: int, done: Done) -> None:
@@ -55,8 +64,8 @@ def run_processes(job: Job, todo: list[int], workers: int, done: Done) -> None:
                     result = f.result()
                 except BrokenProcessPool:
                     raise TidalError(
-                        f"a conversion process died (killed, or out of memory) while writing {job.name(shard)}; "
-                        "the finished shards are kept: run the same conversion again to go on"
+                        f"a {job.noun} process died (killed, or out of memory) while {job.doing(shard)}; "
+                        f"what is finished is kept: run the same {job.noun} again to go on"
                     ) from None
                 done(result)
     except BaseException:
@@ -69,8 +78,8 @@ def run_processes(job: Job, todo: list[int], workers: int, done: Done) -> None:
     pool.shutdown(wait=True)
 
 
-def _task(job: Job, shard: int) -> tuple[int, dict]:
-    return run_task(job, shard)
+def _task(job: Job, shard: int) -> tuple[int, Any]:
+    return job.run(shard)
 
 
 def run_ray(job: Job, todo: list[int], workers: int, address: str | None, done: Done) -> None:
@@ -108,8 +117,8 @@ def run_ray(job: Job, todo: list[int], workers: int, address: str | None, done: 
                     if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
                         raise cause from None
                     raise TidalError(
-                        f"the Ray task writing {job.name(shard)} failed ({type(exc).__name__}); "
-                        "the finished shards are kept: run the same conversion again to go on"
+                        f"the Ray task {job.doing(shard)} failed ({type(exc).__name__}); "
+                        f"what is finished is kept: run the same {job.noun} again to go on"
                     ) from exc
                 done(result)
     finally:

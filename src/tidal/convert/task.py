@@ -46,8 +46,16 @@ class Job:
     schema: bytes | None  # parquet: the output's schema, serialized
     ranges: tuple[tuple[int, int], ...]  # output shard k holds source positions ranges[k]
 
+    noun = "conversion"  # what the engines call a run of these tasks in their messages
+
     def name(self, shard: int) -> str:
         return f"part-{shard:05d}.parquet" if self.to == "parquet" else f"shard-{shard:05d}.tokens"
+
+    def doing(self, shard: int) -> str:
+        return f"writing {self.name(shard)}"
+
+    def run(self, shard: int) -> tuple[int, dict]:
+        return run_task(self, shard)
 
     def locate(self, position: int) -> tuple[str, int]:
         """The source file and row of a source position, for messages."""

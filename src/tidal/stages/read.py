@@ -57,6 +57,7 @@ class ReadPlan:
     storage: Storage | None = None  # how to reach remote shards; None when every shard is local
     options: dict = field(default_factory=dict)  # format options (tidal.formats.OPTIONS)
     given: dict = field(default_factory=dict, compare=False)  # src, format, follow_links as given: for to_config()
+    indexed: bool = field(default=False, compare=False)  # listed from a published index: checked on download
 
     @property
     def total(self) -> int:
@@ -522,7 +523,7 @@ class ReadIterator(StageIterator):
             from tidal.storage.prefetch import Prefetcher
 
             stats = self._remote.stats if self._remote is not None else None
-            self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats)
+            self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats, check=self._plan.indexed)
         return self._remote
 
     def _held_per_block(self, order: EpochOrder, remote: Prefetcher) -> Iterator[tuple[int, set[int]]]:

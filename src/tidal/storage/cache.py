@@ -81,6 +81,7 @@ class Entry:
     size: int
     version: str | None = None
     hash: str | None = None
+    check: bool = False  # compare the size and version with the store's before downloading it
 
     @property
     def key(self) -> str:

@@ -68,6 +68,11 @@ class Storage:
       against, and a cached shard's size and modification time are checked on every open.
     - ``backend``: ``"auto"``, or force ``"s3fs"`` / ``"obstore"`` for reading ``s3://``
       shard data (see :mod:`tidal.storage.fs` for what ``"auto"`` picks and why).
+    - ``index_url``: where the dataset's index is published (:mod:`tidal.published`); by
+      default ``.tidal-index.json`` in the directory the source names. A job reads it first,
+      and a complete one is its listing.
+    - ``publish_index``: whether a job that had to count files publishes what it counted
+      there, for the other nodes and the next jobs (where the store lets it).
     """
 
     options: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -80,6 +85,8 @@ class Storage:
     parallel: int = 4
     verify: bool = False
     backend: str = "auto"
+    index_url: str | None = None
+    publish_index: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_limit", parse_size(self.cache_limit))
@@ -120,7 +127,7 @@ class Storage:
             out["cache_dir"] = self.cache_dir
         if self.cache_limit != default.cache_limit:
             out["cache_limit"] = self.cache_limit
-        names = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend")
+        names = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend", "index_url", "publish_index")
         settings: dict[str, Any] = {n: getattr(self, n) for n in names if getattr(self, n) != getattr(default, n)}
         if self.retry != default.retry:
             settings["retry"] = asdict(self.retry)

@@ -69,6 +69,8 @@ class Fetcher:
             url = redact(entry.url)
             raise StorageError(f"{url}: download abandoned: its reader was closed", url=url)
         remote = self.remote(entry.url)
+        if entry.check:
+            _check_unchanged(remote, entry)
         digest = hasher(algorithm) if algorithm is not None else None
         size, part = entry.size, self.storage.part_size
         with open(path, "r+b") as out:
@@ -117,6 +119,19 @@ class Fetcher:
         if self._parts is not None:
             self._parts.shutdown(wait=False, cancel_futures=True)
             self._parts = None
+
+
+def _check_unchanged(remote: Remote, entry: Entry) -> None:
+    """A shard listed from a published index is the file that index counted, or an error."""
+    now = remote.stat(entry.url)
+    if now.size != entry.size or (entry.version is not None and now.version != entry.version):
+        url = redact(entry.url)
+        raise StorageError(
+            f"{url} changed since the dataset's index was published ({entry.size:,} bytes, version "
+            f"{entry.version}; now {now.size:,} bytes, version {now.version}): publish it again with "
+            "`tidal index` (or pass a new index_url)",
+            url=url,
+        )
 
 
 class RangeFile(io.RawIOBase):

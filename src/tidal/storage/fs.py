@@ -49,6 +49,7 @@ class FileStat:
 
     size: int
     version: str | None
+    indexed: bool = False  # taken from a published index, not from the store itself: checked on download
 
 
 def _version(info: dict) -> str | None:
@@ -151,8 +152,9 @@ class Remote:
         expect = end - start if start is not None and end is not None else size
 
         def once() -> bytes:
-            if start is None:
-                data = self._request("cat_file", self.path(url))
+            if start is None:  # s3fs asks for the size first (a HEAD) to read in parallel parts: not here
+                extra = {"max_concurrency": 1} if self.backend == "s3fs" else {}
+                data = self._request("cat_file", self.path(url), **extra)
             else:
                 data = self._request("cat_file", self.path(url), start=start, end=end)
             if expect is not None and len(data) != expect:
@@ -163,6 +165,38 @@ class Remote:
         data = call(once, url=url, what=what, retry=self.storage.retry, stats=self.stats)
         self.stats.add(bytes_downloaded=len(data), requests=1)
         return data
+
+    @property
+    def exclusive_puts(self) -> bool:
+        """Whether :meth:`put` can refuse to replace an object (S3's conditional write)."""
+        return self.backend == "s3fs"
+
+    def put(self, url: str, data: bytes, *, exclusive: bool = False) -> bool:
+        """Write ``data`` as the object ``url`` (whole, replacing it); retried. ``exclusive``:
+        only if there is no such object yet (where :attr:`exclusive_puts`), False if there is."""
+        extra = {"mode": "create"} if exclusive and self.exclusive_puts else {}
+        try:
+            call(
+                lambda: self._request("pipe_file", self.path(url), data, **extra),
+                url=url,
+                what="PUT",
+                retry=self.storage.retry,
+            )
+        except StorageError as exc:
+            if extra and _exists(exc):
+                return False
+            raise
+        self.stats.add(requests=1)
+        return True
+
+    def delete(self, url: str) -> None:
+        """Remove the object ``url``; one that is not there is no error."""
+        try:
+            call(lambda: self._request("rm_file", self.path(url)), url=url, what="DELETE", retry=self.storage.retry)
+        except StorageError as exc:
+            if not _not_found(exc):
+                raise
+        self.stats.add(requests=1)
 
     def stat(self, url: str) -> FileStat:
         info = self._info(url)
@@ -215,6 +249,18 @@ class Remote:
                 files.update(zip(unsized, pool.map(lambda k: self._info(self.url(k)), unsized), strict=True))
         out = {self.url(k): FileStat(int(v["size"]), _version(v)) for k, v in files.items()}
         return dict(sorted(out.items()))
+
+
+def _exists(exc: BaseException) -> bool:
+    """Whether a conditional write failed because the object is there already."""
+    e: BaseException | None = exc
+    for _ in range(6):
+        if e is None:
+            return False
+        if isinstance(e, FileExistsError) or "PreconditionFailed" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _not_found(exc: BaseException) -> bool:

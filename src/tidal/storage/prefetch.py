@@ -48,9 +48,10 @@ RANGE_MAX_SHARE = 0.5  # read in place when the wanted columns are under this sh
 AHEAD_MAX = 32
 
 
-def entry(shard: Any) -> Entry:
-    """The cache entry of a :class:`tidal.shards.Shard`."""
-    return Entry(shard.path, shard.bytes, shard.version, shard.hash)
+def entry(shard: Any, check: bool = False) -> Entry:
+    """The cache entry of a :class:`tidal.shards.Shard`; ``check``: its size and version come from
+    a published index, not from this job's listing, so a download checks them first."""
+    return Entry(shard.path, shard.bytes, shard.version, shard.hash, check=check)
 
 
 def wants_ranges(shard: Any, columns: Sequence[str] | None) -> bool:
@@ -78,8 +79,11 @@ class Prefetcher:
         storage: Storage,
         columns: Sequence[str] | None = None,
         stats: Stats | None = None,
+        *,
+        check: bool = False,
     ):
         self._shards = shards
+        self._check = check  # the shards' sizes and versions come from a published index (see entry)
         self._storage = storage
         self._columns = columns
         self.stats = stats if stats is not None else Stats()
@@ -108,7 +112,7 @@ class Prefetcher:
         Held until :meth:`release`."""
         shard = self._shards[index]
         if index in self._ranged or wants_ranges(shard, self._columns):
-            handle = self._fetcher.lookup(entry(shard))  # a whole copy already here is cheaper still
+            handle = self._fetcher.lookup(entry(shard, self._check))  # a whole copy already here is cheaper still
             if handle is None:
                 return lambda: self._fetcher.range_file(shard.path, shard.bytes)
             self.stats.add(cache_hits=1)
@@ -134,7 +138,7 @@ class Prefetcher:
             with self._lock:
                 pin = self._pinned.pop(index, None)
                 reserved = sum(self._size(i) for i in self._held if i != index)
-            handle = self._fetcher.acquire(entry(self._shards[index]), reserved=reserved)
+            handle = self._fetcher.acquire(entry(self._shards[index], self._check), reserved=reserved)
             assert handle is not None
             fresh |= handle.fresh
             self.stats.add(cache_misses=int(fresh), cache_hits=int(not fresh))
@@ -279,7 +283,7 @@ class Prefetcher:
 
     def _prefetch(self, index: int) -> bool | None:
         """Fetch shard ``index`` into the cache and pin it; whether it was not there yet, None if there was no room."""
-        handle = self._fetcher.acquire(entry(self._shards[index]), wait=0, pin=True)
+        handle = self._fetcher.acquire(entry(self._shards[index], self._check), wait=0, pin=True)
         if handle is None:
             return None
         with self._lock:

@@ -194,6 +194,15 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
     raise AssertionError("unreachable")
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and len(out) < 8 and not any(e is s for s in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
 def describe(exc: BaseException) -> str:
     """``Type: message`` of an error and of its root cause, with credentials and signed query strings removed."""
     text = f"{type(exc).__name__}: {str(exc) or repr(exc)}"
@@ -202,6 +211,9 @@ def describe(exc: BaseException) -> str:
         root, depth = root.__cause__ or root.__context__, depth + 1  # type: ignore[assignment]
     if root is not exc and str(root) and str(root) not in text:
         text += f" (from {type(root).__name__}: {root})"
+    status = next((st for e in _chain(exc) if (st := _code_and_status(e)[1]) is not None), None)
+    if status is not None and f"{status}" not in text:
+        text = f"HTTP {status}, {text}"  # what a person searches for; some clients leave it out
     return redact(text.split("\n\nDebug source:")[0])[:600]  # obstore appends pages of debug output
 
 

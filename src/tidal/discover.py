@@ -1,0 +1,124 @@
+"""A dataset's files and what each holds, found once per job: listed (or read from the index
+published beside them) and indexed.
+
+Every rank of a job builds the same ``tidal.Dataset``. Over remote data under
+``torch.distributed``, rank 0 lists and indexes it and the others take its answer through the
+process group's store, so the store is listed once per job, not once per rank, and every rank
+holds the same shard list. Rank 0 says it started; a rank that hears nothing of it for
+:data:`START_WAIT_S` (rank 0 builds another dataset, or none) lists for itself, which is only
+slower. Elsewhere, each process lists, and the processes of a machine index once, through the
+shard cache's lock (:mod:`tidal.shards`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tidal import errors as tidal_errors
+from tidal.errors import TidalError
+from tidal.formats import Errors
+from tidal.listing import listing
+from tidal.published import Sources
+from tidal.shards import Shards, index
+from tidal.storage.config import Storage
+from tidal.storage.urls import is_remote
+
+log = logging.getLogger("tidal")
+
+START_WAIT_S = 120.0  # how long a rank waits to hear that rank 0 opens the same dataset
+
+Source = Any  # a path, URL, glob or a list of them
+
+
+def open_shards(
+    src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool
+) -> tuple[Storage, Shards, bool]:
+    """``(storage with the dataset's cache directory, its shards, whether they were listed from a
+    published index)``."""
+    entries = [src] if isinstance(src, (str, bytes)) or not isinstance(src, Sequence) else list(src)
+    job = _job_store() if any(is_remote(str(e)) for e in entries) else None
+    if job is None:
+        return _open(src, format, errors, storage, follow_links)
+    store, rank = job
+    key = _key(src, format, errors, storage, follow_links)
+    if rank == 0:
+        store.set(f"{key}/started", b"1")
+        try:
+            found = _open(src, format, errors, storage, follow_links)
+        except BaseException as exc:
+            store.set(f"{key}/error", pickle.dumps((type(exc).__name__, str(exc))))
+            raise
+        store.set(f"{key}/shards", pickle.dumps((found[1], found[2])))
+        return found
+    shards_indexed = _from_rank_0(store, key)
+    if shards_indexed is None:
+        return _open(src, format, errors, storage, follow_links)
+    shards, indexed = shards_indexed
+    return storage.for_files(shards.paths), shards, indexed
+
+
+def _open(
+    src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool
+) -> tuple[Storage, Shards, bool]:
+    sources = Sources()
+    found = listing(src, storage, follow_links, format=format, sources=sources)
+    storage = storage.for_files(found)  # the default cache directory: keyed by the dataset's URL
+    shards = index(list(found), format, errors, storage, found, sources=sources)
+    return storage, shards, any(s is not None and s.indexed for s in found.values())
+
+
+def _job_store() -> tuple[Any, int] | None:
+    """The store of torch.distributed's default process group and this rank, where one of
+    several ranks is initialized (torch is never imported for this)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = torch.distributed
+    try:
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+            return None
+        return dist.distributed_c10d._get_default_store(), dist.get_rank()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+_opened: dict[str, int] = {}  # how many datasets of each key this process opened: the n-th of every rank agree
+
+
+def _key(src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool) -> str:
+    what = repr((src, format, errors if isinstance(errors, str) else "fn", follow_links))
+    what += repr((sorted((k, repr(v)) for k, v in storage.options.items()), storage.index_url, storage.cache_dir))
+    digest = hashlib.sha1(what.encode()).hexdigest()[:16]
+    n = _opened.get(digest, 0)
+    _opened[digest] = n + 1
+    return f"tidal/dataset/{digest}/{n}"
+
+
+def _from_rank_0(store: Any, key: str) -> tuple[Shards, bool] | None:
+    """What rank 0 found, once it has; None if it never says it opens this dataset."""
+    delay, deadline = 0.01, time.monotonic() + START_WAIT_S
+    while not store.check([f"{key}/started"]):
+        if time.monotonic() > deadline:
+            log.warning("rank 0 did not open the same dataset within %.0f s: this rank lists it itself", START_WAIT_S)
+            return None
+        time.sleep(delay)
+        delay = min(0.5, delay * 2)
+    delay = 0.01
+    while True:
+        if store.check([f"{key}/shards"]):
+            shards, indexed = pickle.loads(store.get(f"{key}/shards"))
+            return shards, bool(indexed)
+        if store.check([f"{key}/error"]):
+            name, message = pickle.loads(store.get(f"{key}/error"))
+            kind = getattr(tidal_errors, name, None)
+            if isinstance(kind, type) and issubclass(kind, TidalError):
+                raise kind(message)
+            raise TidalError(f"rank 0 could not open the dataset: {name}: {message}")
+        time.sleep(delay)
+        delay = min(1.0, delay * 2)

@@ -1,0 +1,167 @@
+"""``tidal index``: count a remote dataset once and publish its index beside it (or elsewhere),
+so that every job after it starts from that one object (see :mod:`tidal.published`).
+
+The files are listed afresh (never from an index already published), and each is counted
+once: Parquet from its footer (ranged GETs), the rest from a copy fetched into this machine's
+shard cache. The counting runs in this process's threads, in ``workers`` local processes, or in
+Ray tasks (``engine="ray"``), a batch of files per task. What is counted is kept in the shard
+cache's index as batches finish, so a run cut off and started again counts only what is left.
+The index is published last, in one write, marked complete.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tidal import shards as shard_index
+from tidal.errors import SourceError, StorageError
+from tidal.index_file import Entries
+from tidal.listing import listing, remote_root
+from tidal.published import location, publish
+from tidal.shards import Shards, count_remote, record_counts, uncounted
+from tidal.storage.config import Storage
+from tidal.storage.fs import FileStat, Remote
+from tidal.storage.retry import redact
+from tidal.storage.urls import protocol
+
+BATCH = 64  # files a task counts
+
+
+@dataclass(frozen=True)
+class _Job:
+    """Batches of files to count: picklable, sent once to each worker (see tidal.convert.engines)."""
+
+    urls: tuple[str, ...]
+    stats: tuple[FileStat, ...]
+    todo: tuple[int, ...]  # positions in urls still to count
+    format: str | None
+    storage: Storage
+
+    noun = "index"
+
+    def batch(self, task: int) -> tuple[int, ...]:
+        return self.todo[task * BATCH : (task + 1) * BATCH]
+
+    def doing(self, task: int) -> str:
+        first = self.batch(task)[0]
+        return f"counting {redact(self.urls[first])} and the files after it"
+
+    def run(self, task: int) -> tuple[int, list[dict]]:
+        picked = self.batch(task)
+        return task, count_remote(
+            [self.urls[j] for j in picked], self.format, [self.stats[j] for j in picked], self.storage
+        )
+
+
+def index(
+    src: str,
+    *,
+    to: str | None = None,
+    format: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    storage: Storage | None = None,
+    workers: int = 0,
+    engine: str = "processes",
+    ray_address: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Shards:
+    """Count every file of the remote dataset ``src`` (a directory or a glob URL) once and publish
+    its index: ``.tidal-index.json`` in that directory, or ``to``. Returns its shards.
+
+    ``workers``: local processes (``engine="processes"``, 0: threads of this process) or Ray
+    tasks at once (``engine="ray"``, on the cluster at ``ray_address``, else a local one).
+    ``progress`` is called with the number of files done as they are.
+
+    >>> tidal.index("s3://bucket/corpus/")                    # every job over it starts from one GET
+    >>> tidal.index("s3://bucket/corpus/", to="s3://mine/corpus-index.json")  # the data is read-only
+    """
+    if protocol(src) is None:
+        raise SourceError(
+            f"{src}: tidal index publishes the index of remote data; a local dataset is indexed "
+            "in its directory when tidal.Dataset first reads it"
+        )
+    root = remote_root(src)
+    if root is None:
+        raise SourceError(f"{redact(src)}: tidal index takes a directory or a glob, not one file")
+    if engine not in ("processes", "ray"):
+        raise ValueError(f"engine must be 'processes' or 'ray', not {engine!r}")
+    settings = storage or Storage()
+    if storage_options is not None:
+        settings = replace(settings, options=storage_options)
+    if cache_dir is not None:
+        settings = replace(settings, cache_dir=os.fspath(cache_dir))
+    found = listing(src, settings, format=format)  # afresh: never from a published index
+    urls = list(found)
+    stats = {u: s for u, s in found.items() if s is not None}
+    settings = settings.for_files(urls)
+    done = progress or (lambda n: None)
+    if workers > 0:
+        _count_in_workers(urls, stats, format, settings, workers, engine, ray_address, done)
+        done = lambda n: None  # noqa: E731  # every file is counted now: index() only reads them back
+    shards = shard_index.index(urls, format, "skip", settings, dict(found), progress=done)
+    entries = Entries()
+    tag = f"#{format}" if format is not None else ""
+    for shard in shards:
+        entries.put(shard.path[len(root) + 1 :] + tag, _entry(shard))
+    where = to or location(root, settings)
+    if protocol(where) is None:  # a local file: where the data's bucket is read-only to us
+        Path(where).write_bytes(entries.to_json(complete=True))
+        return shards
+    why = publish(Remote(protocol(where) or "", settings), where, entries, complete=True)
+    if why is not None:
+        raise StorageError(f"{redact(where)}: the index could not be published: {why}", url=redact(where))
+    return shards
+
+
+def _count_in_workers(
+    urls: list[str],
+    stats: dict[str, FileStat],
+    format: str | None,
+    settings: Storage,
+    workers: int,
+    engine: str,
+    ray_address: str | None,
+    done: Callable[[int], None],
+) -> None:
+    """Count what the shard cache's index does not know yet, a batch of files per task."""
+    todo = uncounted(urls, format, settings, stats)
+    done(len(urls) - len(todo))
+    if not todo:
+        return
+    job = _Job(tuple(urls), tuple(stats[u] for u in urls), tuple(todo), format, settings)
+    tasks = list(range(-(-len(todo) // BATCH)))
+
+    def finished(result: tuple[int, Any]) -> None:
+        task, entries = result
+        picked = job.batch(task)
+        record_counts(urls, format, settings, dict(zip(picked, entries, strict=True)))
+        done(len(picked))
+
+    if engine == "ray":
+        from tidal.convert.engines import run_ray
+
+        run_ray(job, tasks, workers, ray_address, finished)
+    else:
+        from tidal.convert.engines import run_processes
+
+        run_processes(job, tasks, workers, finished)
+
+
+def _entry(shard: Any) -> dict:
+    """What an index holds of one shard (as the cache's index holds it)."""
+    entry: dict = {"bytes": shard.bytes, "version": shard.version, "format": shard.format, "rows": shard.rows}
+    if shard.compression is not None:
+        entry["compression"] = shard.compression
+    if shard.hash is not None:
+        entry["hash"] = shard.hash
+    if shard.info:
+        entry["info"] = shard.info
+    if shard.error is not None:
+        entry["error"] = shard.error
+        entry.pop("rows")
+    return entry

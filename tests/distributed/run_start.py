@@ -1,0 +1,31 @@
+"""One rank of a job that starts: opens a remote dataset and takes its first record.
+
+``run_start.py CONFIG``: CONFIG is JSON with ``url``, ``storage_options``, ``cache_dir`` (this
+rank's node's cache), ``out`` and ``shuffle`` (its options); ``dist``: join torchrun's gloo
+group first. Writes
+``out/rank-<rank>.json``: the first record's id and the bytes of shards in the node's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    config = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    if config.get("dist"):
+        sys.path.insert(0, str(Path(__file__).parent))
+        from gloo_group import join
+
+        rank, _ = join()
+    import tidal
+
+    ds = tidal.Dataset(config["url"], storage_options=config["storage_options"], cache_dir=config["cache_dir"])
+    first = next(iter(ds.shuffle(seed=1, **config.get("shuffle", {}))))
+    shards = Path(config["cache_dir"]) / "shards"
+    held = sum(p.stat().st_size for p in shards.glob("*.shard")) if shards.exists() else 0
+    out = {"rank": rank, "id": first["id"], "cache_bytes": held, "records": ds.num_records}
+    Path(config["out"], f"rank-{rank}.json").write_text(json.dumps(out))

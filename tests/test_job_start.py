@@ -1,0 +1,223 @@
+"""A job's start costs the store O(1) requests per rank, never a download of the dataset per node.
+
+Every request the job makes goes through a proxy in front of a real S3 server (moto, on
+127.0.0.1) that records it, so the tests count LISTs, HEADs and GETs request by request.
+Several "nodes" are several cache directories; ranks are real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import procs
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from fault_proxy import FaultProxy
+
+import tidal
+from tidal.index_file import read_index
+
+pytestmark = pytest.mark.slow
+pytest_plugins = ["s3_fixtures"]
+
+FILES = 200
+BLOCKS = {"block_size": 400, "shards_per_block": 4}  # 20 files of the 200 in a block
+SCRIPT = Path(__file__).parent / "distributed" / "run_start.py"
+
+
+class Requests:
+    """Every request through the proxy: (method, path, query, range header)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, str | None]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, method: str, target: str, headers: list[tuple[str, str]]) -> bool:
+        path, _, query = target.partition("?")
+        ranged = next((v for k, v in headers if k.lower() == "range"), None)
+        with self._lock:
+            self.seen.append((method, path, query, ranged))
+        return False  # counted here, never broken
+
+    def clear(self) -> None:
+        with self._lock:
+            self.seen.clear()
+
+    def lists(self) -> int:
+        return sum(
+            m == "GET" and ("list-type" in q or q.startswith("prefix") or "delimiter" in q) for m, _, q, _ in self.seen
+        )
+
+    def heads(self) -> int:
+        return sum(m == "HEAD" for m, *_ in self.seen)
+
+    def gets(self, suffix: str) -> list[tuple[str, str | None]]:
+        return [(p, r) for m, p, q, r in self.seen if m == "GET" and p.endswith(suffix) and "list-type" not in q]
+
+
+def jsonl_corpus(root: Path, files: int = FILES, per_file: int = 20) -> Path:
+    root.mkdir(parents=True)
+    for k in range(files):
+        data = "".join(json.dumps({"id": k * per_file + i, "text": "x" * 200}) + "\n" for i in range(per_file))
+        (root / f"part-{k:04d}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data.encode()))
+    return root
+
+
+def parquet_corpus(root: Path, files: int = FILES, per_file: int = 20) -> Path:
+    root.mkdir(parents=True)
+    for k in range(files):
+        ids = list(range(k * per_file, (k + 1) * per_file))
+        pq.write_table(pa.table({"id": ids, "text": ["y" * 200] * per_file}), root / f"part-{k:04d}.parquet")
+    return root
+
+
+@pytest.fixture
+def proxied(s3: Any) -> Any:
+    requests = Requests()
+    with FaultProxy(("127.0.0.1", s3.port), every=0, only=requests) as proxy:
+        yield proxy, requests
+
+
+def test_an_indexed_dataset_opens_from_one_request_and_reads_only_what_it_needs(
+    s3: Any, bucket: str, tmp_path: Path, proxied: Any
+) -> None:
+    proxy, requests = proxied
+    url = s3.upload(jsonl_corpus(tmp_path / "data"), bucket, "web")
+    options = s3.options(proxy.endpoint)
+    shards = tidal.index(url, storage_options=options, cache_dir=tmp_path / "indexer")
+    assert len(shards) == FILES and shards.total == FILES * 20
+    published = json.loads(s3.client.get_object(Bucket=bucket, Key="web/.tidal-index.json")["Body"].read())
+    assert published["complete"] is True and len(published["files"]) == FILES
+
+    requests.clear()
+    ds = tidal.Dataset(url, storage_options=options, cache_dir=tmp_path / "node").shuffle(seed=1, **BLOCKS)
+    assert requests.lists() == 0 and requests.heads() == 0
+    assert [p for p, _ in requests.gets("")] == [f"/{bucket}/web/.tidal-index.json"]
+    assert ds.num_records == FILES * 20
+    it = ds.iterator()
+    first = next(it)
+    got = requests.gets(".jsonl.zst")
+    assert 1 <= len({p for p, _ in got}) < FILES // 4  # the first block's shards and the prefetch, not the dataset
+    assert first["id"] in range(FILES * 20)
+    rest = [r["id"] for r in it]
+    assert sorted([first["id"], *rest]) == list(range(FILES * 20))
+    assert requests.heads() == FILES  # each download checked the file is the one indexed
+
+
+def test_a_file_changed_since_it_was_indexed_is_an_error_when_read(s3: Any, bucket: str, tmp_path: Path) -> None:
+    url = s3.upload(jsonl_corpus(tmp_path / "data", files=4), bucket, "web")
+    tidal.index(url, storage_options=s3.options(), cache_dir=tmp_path / "indexer")
+    s3.put(bucket, "web/part-0002.jsonl.zst", zstandard.ZstdCompressor().compress(b'{"id": 7, "text": "new"}\n'))
+    ds = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "node")
+    with pytest.raises(
+        tidal.StorageError, match=r"part-0002.jsonl.zst changed since the dataset's index was published"
+    ):
+        list(ds)
+
+
+def test_an_index_with_keys_outside_the_root_is_not_used(s3: Any, bucket: str, tmp_path: Path) -> None:
+    url = s3.upload(jsonl_corpus(tmp_path / "data", files=3), bucket, "web")
+    s3.put(bucket, "secret/x.jsonl", b'{"id": -1, "text": "not yours"}\n')
+    tidal.index(url, storage_options=s3.options(), cache_dir=tmp_path / "indexer")
+    index = read_index(s3.client.get_object(Bucket=bucket, Key="web/.tidal-index.json")["Body"].read())
+    index["../secret/x.jsonl"] = {**index.pop("part-0000.jsonl.zst"), "format": "jsonl", "compression": None}
+    from tidal.index_file import Entries
+
+    entries = Entries()
+    for key, entry in index.items():
+        entries.put(key, entry)
+    s3.put(bucket, "web/.tidal-index.json", entries.to_json(complete=True))
+    ds = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "node")
+    assert sorted(r["id"] for r in ds) == list(range(60))  # listed afresh: the index led outside the root
+
+
+def test_index_runs_in_processes_goes_on_after_a_stop_and_publishes_elsewhere(
+    s3: Any, bucket: str, tmp_path: Path, proxied: Any
+) -> None:
+    proxy, requests = proxied
+    url = s3.upload(parquet_corpus(tmp_path / "data", files=130), bucket, "pq")
+    options = s3.options(proxy.endpoint)
+    other = s3.bucket(bucket + "-idx")
+    to = f"s3://{other}/corpus-index.json"
+    shards = tidal.index(url, to=to, storage_options=options, cache_dir=tmp_path / "c", workers=2)
+    assert shards.total == 130 * 20
+    footers = requests.gets(".parquet")
+    assert footers and all(r is not None for _, r in footers)  # ranged GETs of footers, never whole files
+    assert not list((tmp_path / "c").glob("shards/*.shard"))
+    requests.clear()
+    tidal.index(url, to=to, storage_options=options, cache_dir=tmp_path / "c")  # again: nothing left to count
+    assert requests.gets(".parquet") == [] and requests.lists() >= 1
+    requests.clear()
+    ds = tidal.Dataset(url, storage_options=options, cache_dir=tmp_path / "node", index_url=to)
+    assert requests.lists() == 0 and requests.heads() == 0 and ds.num_records == 130 * 20
+    assert sorted(r["id"] for r in ds) == list(range(130 * 20))
+    downloaded = {p for p, r in requests.gets(".parquet")}
+    assert (
+        requests.heads() == len(downloaded) == 130
+    )  # no hash (counted from footers): each download checks the size and ETag
+
+
+def test_index_command_prints_what_it_published(
+    s3: Any, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tidal.cli import main
+
+    url = s3.upload(jsonl_corpus(tmp_path / "data", files=5), bucket, "web")
+    argv = ["index", url, "--cache-dir", str(tmp_path / "c"), "--no-progress"]
+    for k, v in s3.options().items():
+        argv += ["--storage-option", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
+    assert main(argv) == 0
+    assert "5 files, 100 records" in capsys.readouterr().out
+    published = json.loads(s3.client.get_object(Bucket=bucket, Key="web/.tidal-index.json")["Body"].read())
+    assert published["complete"] is True and sorted(published["files"]) == [f"part-{k:04d}.jsonl.zst" for k in range(5)]
+
+
+def run_ranks(tmp_path: Path, name: str, url: str, options: dict, nodes: int, per_node: int) -> list[dict]:
+    out = tmp_path / name
+    out.mkdir()
+    commands = []
+    for rank in range(nodes * per_node):
+        node = rank // per_node
+        config = tmp_path / f"{name}-{rank}.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "url": url,
+                    "storage_options": options,
+                    "cache_dir": str(tmp_path / f"{name}-node{node}"),
+                    "out": str(out),
+                    "shuffle": BLOCKS,
+                }
+            )
+        )
+        env = {**procs.child_env(), "RANK": str(rank), "WORLD_SIZE": str(nodes * per_node)}
+        commands.append(procs.Command(f"rank {rank}", [procs.sys.executable, str(SCRIPT), str(config)], env))
+    procs.run(commands, timeout=180)
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nodes * per_node)]
+
+
+@pytest.mark.parametrize("corpus", ["jsonl", "parquet"])
+def test_without_an_index_the_dataset_is_counted_once_for_every_node(
+    s3: Any, bucket: str, tmp_path: Path, proxied: Any, corpus: str
+) -> None:
+    proxy, requests = proxied
+    write = jsonl_corpus if corpus == "jsonl" else parquet_corpus
+    data = write(tmp_path / "data")
+    total = sum(p.stat().st_size for p in data.iterdir())
+    url = s3.upload(data, bucket, "web")
+    ranks = run_ranks(tmp_path, "job", url, s3.options(proxy.endpoint), nodes=2, per_node=4)
+    assert {r["records"] for r in ranks} == {FILES * 20}
+    assert len({r["id"] for r in ranks}) == 8  # each rank its own first record
+    held = sorted(max(r["cache_bytes"] for r in ranks if r["rank"] // 4 == n) for n in range(2))
+    first_reads = 0.6 * total  # four ranks' first blocks (20 files each) and what each fetched ahead (8)
+    if corpus == "parquet":
+        assert held[1] < first_reads  # counted from footers: no node downloads the dataset to count it
+        return
+    assert held[0] < first_reads and held[1] == total  # one node counted (and published) for both
+    whole = [p for p, r in requests.gets(".jsonl.zst") if r is None or r.startswith("bytes=0-")]
+    assert len(whole) < 1.6 * FILES  # the dataset downloaded once for the job, and the first reads: not per node

@@ -8,7 +8,10 @@ event loops and connection pools that do not survive ``fork`` (DataLoader worker
 Every request has a timeout (``Storage.timeout``; for fsspec's async filesystems it is
 enforced around the request itself, so it holds for any protocol) and goes through
 :func:`tidal.storage.retry.call`. Where tidal builds the client, the client's own retry
-loop is turned off so that retries are counted once, in one place.
+loop is turned off so that retries are counted once, in one place: s3fs and obstore
+(:func:`_s3fs`, :func:`_obstore_config`), gcsfs (:func:`_gcsfs`), adlfs (:func:`_adlfs`) and
+the Hub's ``HfFileSystem`` (:func:`_hub_class`); fsspec's HTTP filesystem has none.
+docs/remote.md tabulates what each one did and what a try is.
 
 ``s3://`` has two clients. s3fs lists and indexes, and reads wherever obstore cannot.
 obstore reads shard data where it is a drop-in: its fsspec layer moves whole shards
@@ -116,6 +119,8 @@ class Remote:
                 fs = _gcsfs(options, self.storage)
             elif self.protocol in ("az", "abfs", "abfss"):
                 fs = _adlfs(options, self.storage)
+            elif self.protocol == "hf":
+                fs = _TidalHub(tidal_timeout=self.storage.timeout, **options)
             else:
                 if self.protocol in ("http", "https") and "client_kwargs" not in options:
                     options["client_kwargs"] = {"timeout": _aiohttp_timeout(self.storage)}
@@ -338,6 +343,36 @@ def _azure_class() -> type:
     return TidalAzureBlobFileSystem
 
 
+def _hub_class() -> type:
+    from huggingface_hub import HfFileSystem
+    from huggingface_hub.utils import hf_raise_for_status, http_backoff
+
+    class TidalHfFileSystem(HfFileSystem):
+        """HfFileSystem whose reads of file data are one GET each, under tidal's timeout.
+
+        Its own reads retry: a ranged read 5 more times (``http_backoff``: waits of 1 to 8 s), a
+        whole file streamed with retries of its own. Its metadata requests (listing, paths-info)
+        are tried once already."""
+
+        def __init__(self, *args: Any, tidal_timeout: float, **kwargs: Any) -> None:
+            self._tidal_timeout = tidal_timeout
+            super().__init__(*args, **kwargs)
+
+        def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+            if (start is not None and start < 0) or (end is not None and end < 0):  # from the end: its own way
+                return super().cat_file(path, start=start, end=end, **kwargs)
+            headers = self._api._build_hf_headers()  # the token, as HfFileSystemFile sends it
+            if start or end is not None:
+                if end is not None and end <= (start or 0):
+                    return b""
+                headers["range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
+            response = http_backoff("GET", self.url(path), headers=headers, timeout=self._tidal_timeout, max_retries=0)
+            hf_raise_for_status(response)
+            return bytes(response.content)
+
+    return TidalHfFileSystem
+
+
 class _LazyClass:
     """Builds a filesystem subclass on first use, so importing this module imports no cloud library."""
 
@@ -357,6 +392,7 @@ class _LazyClass:
 _TidalS3 = _LazyClass(_s3_class)
 _TidalGCS = _LazyClass(_gcs_class)
 _TidalAzure = _LazyClass(_azure_class)
+_TidalHub = _LazyClass(_hub_class)
 
 # s3fs storage_options that have an exact obstore equivalent
 _OBSTORE_KEYS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}

@@ -324,8 +324,9 @@ def test_each_try_is_one_request(scheme: str, overloaded: Overloaded, tmp_path: 
     with pytest.raises(tidal.StorageError, match="failed 3 times") as err:
         tidal.Dataset(url, storage=settings)
     assert err.value.attempts == 3 and ("503" in str(err.value) or "Service Unavailable" in str(err.value))
-    # a stat is one request to Azure; to GCS the object's metadata and a listing of it as a prefix, at once;
-    # over HTTP a HEAD, then a GET where the HEAD failed (fsspec's)
+    # a stat is one request to Azure and to the Hub; to GCS the object's metadata and, at once, a listing of its
+    # name as a prefix (not sent when the first fails first); over HTTP a HEAD, then a GET where the HEAD failed
     per_try = {"gs": 2, "az": 1, "http": 2, "hf": 1}[scheme]
     sent = overloaded.requests
-    assert len(sent) == 3 * per_try, f"{len(sent)} requests for 3 tries, the client retried on its own: {sent}"
+    assert sent.count(sent[0]) == 3, f"{sent.count(sent[0])} of {sent[0]!r} for 3 tries, the client retried: {sent}"
+    assert len(sent) <= 3 * per_try, f"{len(sent)} requests for 3 tries, the client retried on its own: {sent}"

@@ -15,6 +15,10 @@ LOCK := requirements/dev.lock
 PEERS := requirements/peers.txt
 LOCK_VENV := .venv-lock
 TORCH := torch==2.13.0
+# Azurite, the Azure Blob emulator the tests start (tests/azure_server.py): a Node.js program, pinned
+# with all its dependencies in requirements/azurite/ and installed with `npm ci` into .venv/azurite
+AZURITE := requirements/azurite
+AZURITE_STAMP := $(VENV)/azurite/.installed
 
 .PHONY: demo test lint bench lock clean
 
@@ -25,11 +29,20 @@ export PYTHONDONTWRITEBYTECODE :=
 
 # Reinstalls when the lock, pyproject.toml or this file changes. --no-compile: Python compiles
 # the modules a run imports when it first imports them, not every file of every package now.
-$(STAMP): $(LOCK) $(PEERS) pyproject.toml Makefile
+$(STAMP): $(LOCK) $(PEERS) pyproject.toml Makefile | $(AZURITE_STAMP)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile -c $(LOCK) -e '.[torch,dev]'
 	$(BIN)/python -m pip install -q --no-compile --no-deps -r $(PEERS)
 	touch $(STAMP)
+
+# Where npm is missing there is no Azurite: the Azure tests skip and say why (anywhere else a
+# missing Azurite fails them). Reinstalls when the pinned versions change.
+$(AZURITE_STAMP): $(AZURITE)/package.json $(AZURITE)/package-lock.json
+	if command -v npm >/dev/null 2>&1; then \
+	  rm -rf $(VENV)/azurite && mkdir -p $(VENV)/azurite && \
+	  cp $(AZURITE)/package.json $(AZURITE)/package-lock.json $(VENV)/azurite/ && \
+	  npm ci --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "npm is not installed: no Azurite, so the Azure tests will be skipped"; fi
 
 demo: $(STAMP)
 	$(BIN)/tidal demo

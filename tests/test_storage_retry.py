@@ -129,3 +129,49 @@ def test_sizes_are_read_as_people_write_them() -> None:
     with pytest.raises(ValueError, match="not a size"):
         parse_size("lots")
     assert Storage(cache_limit="2GB").limit == 2 * 10**9
+
+
+def test_gcs_and_azure_errors_are_judged_by_their_status() -> None:
+    """The real exception classes of gcsfs and azure-core, as those clients raise them."""
+    import aiohttp
+    import requests
+    from azure.core.exceptions import (
+        HttpResponseError,
+        ResourceNotFoundError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+    from gcsfs.retry import HttpError
+
+    class Response:  # what azure-core reads off a response to make its error
+        def __init__(self, status: int):
+            self.status_code, self.reason, self.headers = status, "reason", {}
+
+        def text(self) -> str:
+            return ""
+
+    refused = aiohttp.ClientConnectorError(
+        aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 9, False, True, None, None, None),
+        ConnectionRefusedError(111, "Connect call failed"),
+    )
+    for exc in [
+        HttpError({"code": 503, "message": "Service Unavailable"}),
+        HttpError({"code": 429, "message": "rate limit exceeded"}),
+        HttpError({"code": 500, "message": "backend error"}),
+        requests.exceptions.ProxyError(),  # gcsfs's 502 Bad Gateway
+        refused,
+        ServiceRequestError("Cannot connect to host 127.0.0.1:9", error=refused),
+        ServiceResponseError("Connection closed before the response"),
+        HttpResponseError(response=Response(503)),
+        HttpResponseError(response=Response(500)),
+    ]:
+        assert transient(exc), repr(exc)
+    for exc in [
+        HttpError({"code": 404, "message": "No such object"}),
+        HttpError({"code": 403, "message": "Forbidden"}),
+        HttpError({"code": 401, "message": "Login Required"}),
+        OSError("Forbidden: b/k\naccess denied"),  # gcsfs's 403 of a GET
+        ResourceNotFoundError(response=Response(404)),
+        HttpResponseError(response=Response(403)),
+    ]:
+        assert not transient(exc), repr(exc)

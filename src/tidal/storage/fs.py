@@ -8,7 +8,10 @@ event loops and connection pools that do not survive ``fork`` (DataLoader worker
 Every request has a timeout (``Storage.timeout``; for fsspec's async filesystems it is
 enforced around the request itself, so it holds for any protocol) and goes through
 :func:`tidal.storage.retry.call`. Where tidal builds the client, the client's own retry
-loop is turned off so that retries are counted once, in one place.
+loop is turned off so that retries are counted once, in one place: s3fs and obstore
+(:func:`_s3fs`, :func:`_obstore_config`), gcsfs (:func:`_gcsfs`), adlfs (:func:`_adlfs`) and
+the Hub's ``HfFileSystem`` (:func:`_hub_class`); fsspec's HTTP filesystem has none.
+docs/remote.md tabulates what each one did and what a try is.
 
 ``s3://`` has two clients. s3fs lists and indexes, and reads wherever obstore cannot.
 obstore reads shard data where it is a drop-in: its fsspec layer moves whole shards
@@ -27,6 +30,7 @@ import glob as _glob
 import os
 import posixpath
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,7 +40,7 @@ from typing import Any
 from tidal.errors import SourceError, StorageError
 from tidal.storage import logs
 from tidal.storage.config import Storage
-from tidal.storage.retry import Truncated, call, redact
+from tidal.storage.retry import Truncated, call, redact, transient
 from tidal.storage.stats import Stats
 
 _VERSION_KEYS = ("ETag", "etag", "e_tag", "generation", "VersionId", "version_id", "blob_id", "md5Hash")
@@ -112,12 +116,15 @@ class Remote:
                 fs = _obstore(options, self.storage)
             elif self.backend == "s3fs":
                 fs = _s3fs(options, self.storage)
+            elif self.protocol in ("gs", "gcs"):
+                fs = _gcsfs(options, self.storage)
+            elif self.protocol in ("az", "abfs", "abfss"):
+                fs = _adlfs(options, self.storage)
+            elif self.protocol == "hf":
+                fs = _TidalHub(tidal_timeout=self.storage.timeout, **options)
             else:
                 if self.protocol in ("http", "https") and "client_kwargs" not in options:
-                    import aiohttp
-
-                    t = self.storage.timeout
-                    options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(sock_connect=min(t, 10), sock_read=t)}
+                    options["client_kwargs"] = {"timeout": _aiohttp_timeout(self.storage)}
                 fs = fsspec.filesystem(self.protocol, **options)
             logs.guard(self.storage.options)  # the client's libraries are imported now: their loggers exist
             return fs
@@ -135,8 +142,14 @@ class Remote:
         return url if self.backend == "obstore" else self.fs._strip_protocol(url)
 
     def url(self, path: str) -> str:
-        """The full URL of a path the filesystem returned."""
-        return self.fs.unstrip_protocol(path)
+        """The full URL of a path the filesystem returned, in the scheme the dataset was named
+        with (adlfs writes ``abfs://`` for ``az://`` URLs)."""
+        url = self.fs.unstrip_protocol(path)
+        scheme, sep, rest = url.partition("://")
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        if sep and scheme != self.protocol and scheme in protocols and self.protocol in protocols:
+            return f"{self.protocol}://{rest}"
+        return url
 
     def _request(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``fs.<name>(...)``; for async filesystems on fsspec's loop, under the request timeout."""
@@ -264,12 +277,16 @@ def _exists(exc: BaseException) -> bool:
 
 
 def _not_found(exc: BaseException) -> bool:
+    """Whether the store said there is no such object (not: could not be reached to ask).
+
+    Some clients raise FileNotFoundError for any failure of a stat (fsspec's HTTP filesystem:
+    from a refused connection too); one caused by a transient error is that error."""
     e: BaseException | None = exc
     for _ in range(6):
         if e is None:
             return False
         if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
-            return True
+            return e.__cause__ is None or not transient(e.__cause__)
         if "NoSuchKey" in str(e) or "Not Found" in str(e) or "404" in str(e):
             return True
         e = e.__cause__ or e.__context__
@@ -296,19 +313,132 @@ def _s3_class() -> type:
     return TidalS3FileSystem
 
 
-class _LazyClass:
-    """Builds the s3fs subclass on first use, so importing this module imports no cloud library."""
+def _aiohttp_timeout(storage: Storage) -> Any:
+    """aiohttp's timeouts of one request: connect within ``min(timeout, 10)`` s, no read pause over ``timeout``."""
+    import aiohttp
 
-    def __init__(self) -> None:
+    t = storage.timeout
+    return aiohttp.ClientTimeout(sock_connect=min(t, 10.0), sock_read=t)
+
+
+def _gcsfs(options: dict, storage: Storage) -> Any:
+    """gcsfs with its own retry loops off and tidal's timeouts.
+
+    gcsfs retries each HTTP request up to 6 times (waits of 1, 2, 4, ... s) and, in the class
+    it exports by default (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` unset or true), asks a gRPC
+    API for each bucket's layout with 60 s of retries; inside tidal's 8 tries that took a
+    refused connection minutes to report."""
+    options.setdefault("requests_timeout", _aiohttp_timeout(storage))
+    cls = _TidalGCS.cls()
+    if getattr(cls, "layout_lookup", False):
+        options.setdefault("retry_timeout", 0.0)  # its storage-layout RPC: one try, however it fails
+    return _TidalGCS(**options)
+
+
+def _gcs_class() -> type:
+    import gcsfs
+
+    base: Any = gcsfs.GCSFileSystem  # ExtendedGcsFileSystem unless GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
+    once: Any = getattr(base._request, "__wrapped__", None)  # the request without gcsfs's retry_request decorator
+    if once is None:  # pragma: no cover - a gcsfs that no longer decorates it
+        raise StorageError("this version of gcsfs has no undecorated _request: tidal cannot turn its retries off")
+
+    class TidalGCSFileSystem(base):
+        """gcsfs whose requests are tried once: tidal retries, and counts."""
+
+        retries = 1
+        layout_lookup = hasattr(base, "_get_bucket_type")
+
+        async def _request(self, *args: Any, **kwargs: Any) -> Any:
+            return await once(self, *args, **kwargs)
+
+    return TidalGCSFileSystem
+
+
+def _adlfs(options: dict, storage: Storage) -> Any:
+    """adlfs whose Azure SDK client tries each request once (its default: 3 more tries after
+    waits of 15 s and more) with tidal's connect and read timeouts."""
+    t = storage.timeout
+    client = {"retry_total": 0, "connection_timeout": min(t, 10.0), "read_timeout": t}
+    return _TidalAzure(tidal_client_kwargs=client, **options)
+
+
+def _azure_class() -> type:
+    from adlfs import AzureBlobFileSystem
+    from azure.storage.blob.aio import BlobServiceClient
+
+    class TidalAzureBlobFileSystem(AzureBlobFileSystem):
+        """adlfs whose service client is made again, as adlfs made it, with the Azure SDK's
+        retries off and tidal's timeouts (adlfs passes no client options through)."""
+
+        def __init__(self, *args: Any, tidal_client_kwargs: dict[str, Any], **kwargs: Any) -> None:
+            self._tidal_client_kwargs = tidal_client_kwargs
+            super().__init__(*args, **kwargs)
+
+        def do_connect(self) -> None:
+            super().do_connect()
+            made: Any = self.service_client  # type: ignore[has-type]  # adlfs is untyped
+            self.service_client = BlobServiceClient(
+                made.primary_endpoint,  # with a SAS token's query string, where adlfs put one there
+                credential=made.credential,  # the credential policy adlfs's client derived
+                secondary_hostname=made.secondary_hostname,
+                _location_mode=made._location_mode,
+                **self._tidal_client_kwargs,
+            )
+
+    return TidalAzureBlobFileSystem
+
+
+def _hub_class() -> type:
+    from huggingface_hub import HfFileSystem
+    from huggingface_hub.utils import hf_raise_for_status, http_backoff
+
+    class TidalHfFileSystem(HfFileSystem):
+        """HfFileSystem whose reads of file data are one GET each, under tidal's timeout.
+
+        Its own reads retry: a ranged read 5 more times (``http_backoff``: waits of 1 to 8 s), a
+        whole file streamed with retries of its own. Its metadata requests (listing, paths-info)
+        are tried once already."""
+
+        def __init__(self, *args: Any, tidal_timeout: float, **kwargs: Any) -> None:
+            self._tidal_timeout = tidal_timeout
+            super().__init__(*args, **kwargs)
+
+        def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+            if (start is not None and start < 0) or (end is not None and end < 0):  # from the end: its own way
+                return super().cat_file(path, start=start, end=end, **kwargs)
+            headers = self._api._build_hf_headers()  # the token, as HfFileSystemFile sends it
+            if start or end is not None:
+                if end is not None and end <= (start or 0):
+                    return b""
+                headers["range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
+            response = http_backoff("GET", self.url(path), headers=headers, timeout=self._tidal_timeout, max_retries=0)
+            hf_raise_for_status(response)
+            return bytes(response.content)
+
+    return TidalHfFileSystem
+
+
+class _LazyClass:
+    """Builds a filesystem subclass on first use, so importing this module imports no cloud library."""
+
+    def __init__(self, make: Callable[[], type]) -> None:
+        self._make = make
         self._cls: type | None = None
 
-    def __call__(self, **kwargs: Any) -> Any:
+    def cls(self) -> type:
         if self._cls is None:
-            self._cls = _s3_class()
-        return self._cls(**kwargs)
+            self._cls = self._make()
+        return self._cls
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.cls()(**kwargs)
 
 
-_TidalS3 = _LazyClass()
+_TidalS3 = _LazyClass(_s3_class)
+_TidalGCS = _LazyClass(_gcs_class)
+_TidalAzure = _LazyClass(_azure_class)
+_TidalHub = _LazyClass(_hub_class)
 
 # s3fs storage_options that have an exact obstore equivalent
 _OBSTORE_KEYS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}

@@ -8,8 +8,10 @@ retry together) and gives up at once on errors that another try cannot fix (not 
 access denied). When it gives up, the :class:`~tidal.errors.StorageError` names the URL,
 the attempts, the time spent and the last error, with credentials removed.
 
-Errors are recognised by type *name* and status code, walking ``__cause__`` and
-``__context__``, so no client library (botocore, aiohttp, obstore) is imported to check.
+Errors are recognised by type *name* and status code (botocore's ``response``, aiohttp's
+``status``, azure-core's ``status_code``, gcsfs's ``HttpError.code``), walking ``__cause__``
+and ``__context__``, so no client library (botocore, aiohttp, obstore, gcsfs, azure-core) is
+imported to check.
 The clients' own retry loops are turned off where tidal builds them (see
 :mod:`tidal.storage.fs`), so the counts in the stats are the real ones.
 """
@@ -55,6 +57,13 @@ _TRANSIENT_NAMES = {
     "ResponseStreamingError",
     "HTTPClientError",
     "ResponseParserError",
+    # azure-core (adlfs): no response, or a response cut short
+    "ServiceRequestError",
+    "ServiceRequestTimeoutError",
+    "ServiceResponseError",
+    "ServiceResponseTimeoutError",
+    # requests, as gcsfs raises a 502 Bad Gateway
+    "ProxyError",
     # fsspec, tidal
     "FSTimeoutError",
     "Truncated",

@@ -46,10 +46,12 @@ class Output:
 
     @property
     def fs(self) -> Any:
+        """The destination's client, as tidal builds it for reading (its own retries off: ``_call`` retries)."""
         if self._fs is None:
-            from fsspec.core import url_to_fs
+            from tidal.storage.fs import Remote
 
-            self._fs, self._path = url_to_fs(self.url, **self.options)
+            remote = Remote(self.url.split("://", 1)[0], Storage(options=self.options))
+            self._fs, self._path = remote.fs, remote.path(self.url)
         return self._fs
 
     def _remote_path(self, name: str) -> str:

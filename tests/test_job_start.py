@@ -221,3 +221,35 @@ def test_without_an_index_the_dataset_is_counted_once_for_every_node(
     assert held[0] < first_reads and held[1] == total  # one node counted (and published) for both
     whole = [p for p, r in requests.gets(".jsonl.zst") if r is None or r.startswith("bytes=0-")]
     assert len(whole) < 1.6 * FILES  # the dataset downloaded once for the job, and the first reads: not per node
+
+
+def test_under_torch_distributed_rank_0_opens_the_dataset_for_every_rank(
+    s3: Any, bucket: str, tmp_path: Path, proxied: Any
+) -> None:
+    pytest.importorskip("torch")
+    proxy, requests = proxied
+    url = s3.upload(parquet_corpus(tmp_path / "data", files=40), bucket, "web")
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "url": url,
+                "storage_options": s3.options(proxy.endpoint),
+                "cache_dir": str(tmp_path / "node"),
+                "out": str(out),
+                "shuffle": BLOCKS,
+                "dist": True,
+            }
+        )
+    )
+    procs.torchrun(SCRIPT, str(config), nproc=3, env=procs.child_env(), timeout=180)
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(3)]
+    assert {r["records"] for r in ranks} == {40 * 20} and len({r["id"] for r in ranks}) == 3
+    index_gets = [p for p, _ in requests.gets(".tidal-index.json")]
+    assert requests.lists() == 1 and len(index_gets) <= 2, [
+        x[:3] for x in requests.seen if "part-" not in x[1]
+    ]  # one listing for the job (and a look for a published index)
+    footers = {p for p, r in requests.gets(".parquet") if r is not None and not r.startswith("bytes=0-")}
+    assert len(footers) <= 40  # counted once, by rank 0

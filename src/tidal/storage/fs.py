@@ -240,28 +240,40 @@ class Remote:
             if not files:
                 raise SourceError(f"{redact(entry)}: the pattern matches no file")
         else:
-            info = self._info(entry)
-            if info.get("type") == "directory" or entry.endswith("/"):  # http(s): a page of links
-                found = call(lambda: self.fs.find(path, detail=True), url=entry, what="LIST", retry=retry)
-                base = self.path(entry).rstrip("/")
-                files = {}
-                for k, v in found.items():
-                    rel = k[len(base) :].lstrip("/") if k.startswith(base) else posixpath.basename(k)
-                    parts = rel.split("/")
-                    if any(p.startswith(".") for p in parts) or parts[-1].startswith("_"):
-                        continue
-                    if v.get("type", "file") == "file" and (keep is None or keep(parts[-1])):
-                        files[k] = v
-                if not files:
-                    raise SourceError(f"{redact(entry)}: the directory holds no file tidal can read")
-            else:
-                files = {path: info}
+            name = where.rstrip("/").rsplit("/", 1)[-1]
+            files = {}
+            if self.protocol not in ("http", "https") and (entry.endswith("/") or keep is None or not keep(name)):
+                files = self._find(entry, keep)  # named like a directory: one LIST, no HEAD first
+            if not files:
+                info = self._info(entry)
+                if info.get("type") == "directory" or entry.endswith("/"):  # http(s): a page of links
+                    files = self._find(entry, keep)
+                    if not files:
+                        raise SourceError(f"{redact(entry)}: the directory holds no file tidal can read")
+                else:
+                    files = {path: info}
         unsized = [k for k, v in files.items() if v.get("size") is None]  # http(s) listings: HEAD each
         if unsized:
             with ThreadPoolExecutor(min(16, len(unsized))) as pool:
                 files.update(zip(unsized, pool.map(lambda k: self._info(self.url(k)), unsized), strict=True))
         out = {self.url(k): FileStat(int(v["size"]), _version(v)) for k, v in files.items()}
         return dict(sorted(out.items()))
+
+    def _find(self, entry: str, keep: Any) -> dict[str, dict]:
+        """The files under the directory ``entry`` (names starting with ``.`` or ``_`` skipped,
+        only those ``keep(name)`` accepts), as the listing describes them."""
+        path = self.path(entry)
+        found = call(lambda: self.fs.find(path, detail=True), url=entry, what="LIST", retry=self.storage.retry)
+        base = path.rstrip("/")
+        files = {}
+        for k, v in found.items():
+            rel = k[len(base) :].lstrip("/") if k.startswith(base) else posixpath.basename(k)
+            parts = rel.split("/")
+            if any(p.startswith(".") for p in parts) or parts[-1].startswith("_"):
+                continue
+            if v.get("type", "file") == "file" and (keep is None or keep(parts[-1])):
+                files[k] = v
+        return files
 
 
 def _exists(exc: BaseException) -> bool:

@@ -56,7 +56,11 @@ def open_shards(
             raise
         store.set(f"{key}/shards", pickle.dumps((found[1], found[2])))
         return found
-    shards_indexed = _from_rank_0(store, key)
+    try:
+        shards_indexed = _from_rank_0(store, key)
+    except (RuntimeError, OSError) as exc:  # the store went away (its host ended): list alone
+        log.warning("could not hear from rank 0 about the dataset (%s): this rank lists it itself", exc)
+        shards_indexed = None
     if shards_indexed is None:
         return _open(src, format, errors, storage, follow_links)
     shards, indexed = shards_indexed
@@ -92,8 +96,9 @@ _opened: dict[str, int] = {}  # how many datasets of each key this process opene
 
 
 def _key(src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool) -> str:
-    what = repr((src, format, errors if isinstance(errors, str) else "fn", follow_links))
-    what += repr((sorted((k, repr(v)) for k, v in storage.options.items()), storage.index_url, storage.cache_dir))
+    """The store key of this process's n-th dataset over ``src``: the same on every rank, though
+    nodes may reach the store through other endpoints and keep other caches."""
+    what = repr((src, format, errors if isinstance(errors, str) else "fn", follow_links, storage.index_url))
     digest = hashlib.sha1(what.encode()).hexdigest()[:16]
     n = _opened.get(digest, 0)
     _opened[digest] = n + 1

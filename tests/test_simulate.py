@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -214,3 +215,19 @@ def test_an_empty_epoch_and_more_readers_than_records() -> None:
     sim = simulate(Setup(rows=[2, 1], bytes=[10, 10], seed=None, block_size=4, shards_per_block=2, ranks=4, workers=2))
     assert sim.readers.records.tolist() == [0] * 8 and sim.quality == {}
     assert all(n.touched == 0 for n in sim.nodes)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 36, 89, 99, 170])  # 36 to 170: the recency of held shards decides
+def test_readers_holding_large_shards_over_many_blocks_share_a_small_cache_as_the_brute_force_does(seed: int) -> None:
+    """Blocks of a group of large shards read the same shards: a reader going through them holds
+    them all along, and they are the most recently used when it lets them go."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 20))
+    sizes = rng.integers(1, 5_000_000, n).tolist()
+    setup = Setup(
+        rows=rng.integers(0, 3000, n).tolist(), bytes=sizes, seed=int(rng.integers(0, 99)),
+        block_size=int(rng.integers(50, 300)), shards_per_block=int(rng.integers(1, 4)), ranks=int(rng.integers(1, 8)),
+        workers=int(rng.integers(1, 4)), ranks_per_node=int(rng.integers(2, 6)), batch=5,
+        cache_limit=int(rng.integers(sum(sizes) // 8, sum(sizes) // 2)), sample_batches=20,
+    )  # fmt: skip
+    assert_matches_brute_force(setup)

@@ -250,6 +250,16 @@ class _Blocks:
         self.kept_count = np.bincount(kept_in, minlength=order.blocks).astype(np.int64)
         self.kept_cached = np.zeros(order.blocks, dtype=np.int64)
         np.add.at(self.kept_cached, kept_in, self.cached[shard[:-1][gap]])
+        # whether a block reads the same shards as the block before it (the blocks of a group of
+        # large shards all do): then the same slices in the same order
+        self.same_as_before = np.zeros(order.blocks, dtype=bool)
+        if order.blocks > 1:
+            alike = np.zeros(order.blocks, dtype=bool)
+            alike[1:] = self.count[1:] == self.count[:-1]
+            check = np.flatnonzero(alike[self.entry_block])
+            match = np.zeros(len(table.shard), dtype=bool)
+            match[check] = table.shard[check] == table.shard[check - self.count[self.entry_block[check]]]
+            self.same_as_before = alike & np.logical_and.reduceat(match, table.bounds[:-1])
 
 
 def _footprints(sizes: np.ndarray) -> np.ndarray:
@@ -339,30 +349,45 @@ def _lru(
     """A node's cache of ``limit`` bytes, its readers stepped side by side, each at the same number
     of records into its share: (fetches, bytes fetched, the most it held, whether it was ever
     over the limit with what the readers hold open). Shards are numbered in the node (``local``,
-    per table entry from ``e0``)."""
+    per table entry from ``e0``).
+
+    A reader that goes on to a block of the same shards as its last (the blocks of a group of
+    large shards) fetches nothing, changes what it holds in no way and leaves nothing to evict:
+    it only makes those shards the most recently used, and they are held, so that matters only
+    once it lets them go. Such steps are not walked: the last one's time is given to the shards
+    when the reader moves on to other shards. Only the steps to other shards are walked, in order.
+    """
     bounds = blocks.table.bounds
     cached, sizes = blocks.cached[shards], blocks.sizes[shards]
     nblk = readers.last_block[mine] - readers.first_block[mine] + 1
     reader = np.repeat(np.arange(len(mine)), nblk)
     block = readers.first_block[mine][reader] + np.arange(int(nblk.sum())) - np.repeat(np.cumsum(nblk) - nblk, nblk)
     offset = np.maximum(0, readers.block_starts[block] - readers.start[mine][reader])
-    events = np.lexsort((block, reader, offset))
+    when = np.empty(len(block), dtype=np.int64)  # each step's place in the walk
+    when[np.lexsort((block, reader, offset))] = np.arange(len(block))
+    moves = np.flatnonzero((block == readers.first_block[mine][reader]) | ~blocks.same_as_before[block])
+    last = np.append(moves[1:], len(block)) - 1  # the last step before the reader's next move
+    width = int(blocks.count.max()) + 1  # a step's time: its place in the walk, then its shard's in the block
     in_cache = np.zeros(len(shards), dtype=bool)
     stamp = np.zeros(len(shards), dtype=np.int64)  # when each was last used: least recently used first
     busy = np.zeros(len(shards), dtype=np.int64)  # readers holding each open
     holding: dict[int, np.ndarray] = {}
-    used = peak = downloads = downloaded = clock = 0
+    until: dict[int, int] = {}  # the time a reader last used what it holds
+    used = peak = downloads = downloaded = 0
     too_small = False
-    for i, b in zip(reader[events].tolist(), block[events].tolist(), strict=True):
+    for m, end in zip(*(a[np.argsort(when[moves])].tolist() for a in (moves, last)), strict=True):
+        i, b = int(reader[m]), int(block[m])
         ids = local[bounds[b] - e0 : bounds[b + 1] - e0]
         if i in holding:
-            busy[holding[i]] -= 1
+            old = holding[i]
+            busy[old] -= 1
+            stamp[old] = np.maximum(stamp[old], until[i] + np.arange(len(old)))
         busy[ids] += 1
         holding[i] = ids
+        until[i] = int(when[end]) * width
         new = ids[~in_cache[ids]]
         in_cache[new] = True
-        stamp[ids] = clock + np.arange(len(ids))
-        clock += len(ids)
+        stamp[ids] = int(when[m]) * width + np.arange(len(ids))
         used += int(cached[new].sum())
         downloads += len(new)
         downloaded += int(sizes[new].sum())

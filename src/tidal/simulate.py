@@ -319,23 +319,22 @@ def _readers(order: EpochOrder, blocks: _Blocks, setup: Setup) -> Readers:
 def _node(setup: Setup, n: int, readers: Readers, blocks: _Blocks) -> Node:
     rank0, rank1 = n * setup.ranks_per_node, min(setup.ranks, (n + 1) * setup.ranks_per_node)
     ranks = list(range(rank0, rank1))
-    mine = rank0 * setup.workers + np.flatnonzero(
-        readers.stop[rank0 * setup.workers : rank1 * setup.workers]
-        > readers.start[rank0 * setup.workers : rank1 * setup.workers]
-    )
+    r0, r1 = rank0 * setup.workers, rank1 * setup.workers
+    mine = r0 + np.flatnonzero(readers.stop[r0:r1] > readers.start[r0:r1])
     if not len(mine):
         return Node(ranks, 0, 0, 0, 0, 0, 0, False)
     table = blocks.table
     # the node's readers read consecutive positions, so their blocks are consecutive, and so are
     # those blocks' slices in the table
-    e0, e1 = int(table.bounds[readers.first_block[mine[0]]]), int(table.bounds[readers.last_block[mine[-1]] + 1])
+    b0, b1 = int(readers.first_block[mine[0]]), int(readers.last_block[mine[-1]])
+    e0, e1 = int(table.bounds[b0]), int(table.bounds[b1 + 1])
     shards, local = np.unique(table.shard[e0:e1], return_inverse=True)
     touched_bytes = int(blocks.sizes[shards].sum())
     touched_cached = int(blocks.cached[shards].sum())
-    firsts = np.zeros(blocks.order.blocks, dtype=bool)
-    firsts[readers.first_block[mine]] = True
+    firsts = np.zeros(b1 - b0 + 1, dtype=bool)  # the blocks its readers start with
+    firsts[readers.first_block[mine] - b0] = True
     opened_first = np.zeros(len(shards), dtype=bool)
-    opened_first[local[firsts[blocks.entry_block[e0:e1]]]] = True
+    opened_first[local[firsts[blocks.entry_block[e0:e1] - b0]]] = True
     first_bytes = int(blocks.sizes[shards[opened_first]].sum())
     if setup.cache_limit is None or touched_cached <= setup.cache_limit:  # nothing is ever evicted
         return Node(ranks, len(shards), touched_bytes, len(shards), touched_bytes, touched_cached, first_bytes, False)

@@ -7,6 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import write_jsonl, write_parquet
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tidal
 from tidal.tables import columns
@@ -253,6 +255,23 @@ def test_lines_across_pieces_keep_records_and_line_numbers(tmp_path: Path, monke
     assert [bytes(g) for g in got] == [ln for _, ln in want[-120:-3]]
     assert numbers == [n for n, _ in want[-120:-3]]
     reader.close()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.lists(st.sampled_from([b"a", b"{}", b"\n", b"\r", b"\r\n"]), max_size=40).map(b"".join))
+def test_a_small_file_is_counted_in_one_read_as_line_by_line(tmp_path: Path, raw: bytes) -> None:
+    """The index counts a small plain file's rows in one read; whatever its empty lines, CR
+    and last line, it finds what the line-by-line scan finds (or leaves the file to it)."""
+    from tidal.formats import lines as lines_module
+
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(raw)
+    fast = lines_module._scan_small(str(path))
+    want = sum(1 for line in raw.split(b"\n") if line not in (b"", b"\r"))
+    assert lines_module.scan(str(path), None) == {"rows": want}
+    assert fast is None or fast == {"rows": want}
+    if b"\n\n" not in raw and not raw.startswith((b"\n", b"\r\n")) and b"\n\r\n" not in raw:
+        assert fast == {"rows": want}  # the common case takes the one read
 
 
 def test_a_batch_stacks_plain_numbers_and_says_which_records_do_not_match(tmp_path: Path) -> None:

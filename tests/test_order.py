@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tidal
-from tidal.order import EpochOrder, consumer_range
+from tidal.order import EpochOrder, consumer_range, cut_intervals, share, share_sizes, taken, union
 from tidal.testing import assert_partition_exact
 
 sizes_st = st.lists(st.integers(0, 60), min_size=1, max_size=12)
@@ -104,3 +104,20 @@ def test_shuffle_mixes_shards_within_batches(tmp_path: Path) -> None:
     # positions are spread: adjacent records are rarely neighbours in the source
     adjacent = np.abs(np.diff(first)) == 1
     assert adjacent.mean() < 0.01
+
+
+intervals_st = st.lists(
+    st.tuples(st.integers(0, 120), st.integers(0, 40)).map(lambda t: (t[0], t[0] + t[1])), max_size=6
+)
+
+
+@given(total=st.integers(0, 120), done=intervals_st, consumers=st.integers(1, 12), drop=st.booleans(), data=st.data())
+def test_what_readers_used_is_taken_at_once_as_share_by_share(total, done, consumers, drop, data) -> None:
+    """taken() and share_sizes() give, for all readers at once, what share() gives one by one."""
+    done = [(min(a, total), min(b, total)) for a, b in done]
+    used = data.draw(st.lists(st.integers(0, 10**12) | st.integers(0, 15), min_size=consumers, max_size=consumers))
+    shares = [share(total, done, consumers, c, drop_remainder=drop) for c in range(consumers)]
+    want = union(done + [iv for part, n in zip(shares, used, strict=True) for iv in cut_intervals(part, 0, n)])
+    assert taken(total, done, np.array(used), drop_remainder=drop) == want
+    sizes = share_sizes(total, done, consumers, drop_remainder=drop)
+    assert sizes.tolist() == [sum(b - a for a, b in part) for part in shares]

@@ -114,3 +114,16 @@ def test_a_damaged_or_hostile_index_is_rebuilt_never_trusted(tmp_path: Path, dam
     ds = tidal.Dataset(root)
     assert ds.num_records == 12 and [r["id"] for r in ds] == expected
     assert read_index((root / INDEX_NAME).read_bytes()).keys() == {f"part-00{k}.jsonl" for k in range(3)}
+
+
+def test_entries_put_many_is_put_of_each(tmp_path: Path) -> None:
+    from tidal.index_file import Entries
+
+    first = {"a": {"bytes": 1, "rows": 2, "format": "jsonl"}, "b": {"bytes": 3, "rows": 4, "format": "text"}}
+    later = {"c": {"bytes": 5, "rows": 6, "format": "jsonl"}, "a": {"bytes": 7, "error": "x: bad", "format": "jsonl"}}
+    one, many = Entries(), Entries()
+    for key, entry in [*first.items(), *later.items()]:
+        one.put(key, entry)
+    many.put_many(list(first), list(first.values()))
+    many.put_many(list(later), list(later.values()))  # a new key and one scanned again
+    assert many.to_json() == one.to_json() and many.at == one.at and many.get("a") == later["a"]

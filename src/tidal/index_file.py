@@ -149,6 +149,20 @@ class Entries:
         for f, c in self.columns.items():
             c[i] = entry.get(f)
 
+    def put_many(self, keys: list[str], entries: list[dict]) -> None:
+        """:meth:`put` of each entry; those of keys not in the index yet added a column at a time."""
+        added, facts = [], []
+        for key, entry in zip(keys, entries, strict=True):
+            if key in self.at:
+                self.put(key, entry)
+            else:
+                added.append(key)
+                facts.append(entry)
+        self.at.update(zip(added, range(len(self.keys), len(self.keys) + len(added)), strict=True))
+        self.keys.extend(added)
+        for f, c in self.columns.items():
+            c.extend([e.get(f) for e in facts])
+
     def ints(self, name: str) -> np.ndarray:
         """Column ``name`` as int64, -1 where it holds no integer; one more -1 at the end, what
         position -1 (a file the index does not know) finds."""

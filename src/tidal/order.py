@@ -18,8 +18,24 @@ Positions ``0 .. total`` number the records of the epoch in yield order; state i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Slices:
+    """The slices of every block of an epoch, block after block (:meth:`EpochOrder.table`):
+    block ``b``'s are entries ``bounds[b]:bounds[b + 1]``, each rows ``start:stop`` of ``shard``."""
+
+    bounds: np.ndarray
+    shard: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+
+    def block_of(self) -> np.ndarray:
+        """The block of every entry."""
+        return np.repeat(np.arange(len(self.bounds) - 1), np.diff(self.bounds))
 
 
 def rng(seed: int, *key: int) -> np.random.Generator:
@@ -46,26 +62,51 @@ class EpochOrder:
         order = order[sizes[order] > 0]
         n = sizes[order]
         # unshuffled: a group per shard
-        bounds = np.arange(len(order) + 1) if seed is None else _group_bounds(n.tolist(), shards_per_block, block_size)
+        bounds = np.arange(len(order) + 1) if seed is None else _group_bounds(n, shards_per_block, block_size)
         groups = len(bounds) - 1
-        per_group = np.diff(bounds)
         totals = np.add.reduceat(n, bounds[:-1]) if groups else np.zeros(0, dtype=np.int64)
         m = np.maximum(1, -(-totals // block_size))  # blocks per group: each shard cut in m slices
+        self._order, self._n, self._bounds, self._m = order, n, bounds, m
+        _, _, lengths, block = self._entries()
+        block_lengths = np.bincount(block, weights=lengths, minlength=int(m.sum())).astype(np.int64)
         first = np.cumsum(m) - m  # the first block of each group
-        # one entry per (shard, slice t): slice t of every shard of a group goes to block first + t
+        owners = np.stack([np.repeat(np.arange(groups), m), np.arange(int(m.sum())) - np.repeat(first, m)], axis=1)
+        self._nonempty = block_lengths > 0  # a group of tiny shards can leave a slice number empty
+        self._owners = owners[self._nonempty]
+        self.starts = np.concatenate([[0], np.cumsum(block_lengths[self._nonempty])]).astype(np.int64)
+        self.total = int(self.starts[-1])
+
+    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One entry per (shard, slice t), shard by shard in the epoch's shard order: the shard's
+        place in that order, its first row, its length, and its block before empty ones are
+        dropped (slice t of every shard of a group goes to the group's first block + t)."""
+        n, bounds, m = self._n, self._bounds, self._m
+        first = np.cumsum(m) - m  # the first block of each group
+        per_group = np.diff(bounds)
         reps = np.repeat(m, per_group)  # per shard: its group's m
-        shard = np.repeat(np.arange(len(order)), reps)
+        shard = np.repeat(np.arange(len(n)), reps)
         t = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
         mm, ns = reps[shard], n[shard]
-        lengths = ((t + 1) * ns) // mm - (t * ns) // mm
+        lo = (t * ns) // mm
+        lengths = ((t + 1) * ns) // mm - lo
         block = np.repeat(first, per_group)[shard] + t
-        block_lengths = np.bincount(block, weights=lengths, minlength=int(m.sum())).astype(np.int64)
-        owners = np.stack([np.repeat(np.arange(groups), m), np.arange(int(m.sum())) - np.repeat(first, m)], axis=1)
-        nonempty = block_lengths > 0  # a group of tiny shards can leave a slice number empty
-        self._order, self._n, self._bounds, self._m = order, n, bounds, m
-        self._owners = owners[nonempty]
-        self.starts = np.concatenate([[0], np.cumsum(block_lengths[nonempty])]).astype(np.int64)
-        self.total = int(self.starts[-1])
+        return shard, lo, lengths, block
+
+    def table(self) -> Slices:
+        """Every block's slices at once, as arrays (what :meth:`slices` gives block by block):
+        for planning a whole epoch without a Python loop per block or per shard."""
+        shard, lo, lengths, block = self._entries()
+        keep = lengths > 0
+        renumber = np.cumsum(self._nonempty) - 1  # block numbers once empty ones are dropped
+        block = renumber[block[keep]]
+        by_block = np.argsort(block, kind="stable")  # within a block: the group's shard order, as slices() gives
+        counts = np.bincount(block, minlength=self.blocks)
+        return Slices(
+            bounds=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            shard=self._order[shard[keep][by_block]].astype(np.int64),
+            start=lo[keep][by_block],
+            stop=(lo + lengths)[keep][by_block],
+        )
 
     @property
     def blocks(self) -> int:
@@ -91,17 +132,24 @@ class EpochOrder:
         return rng(self.seed, self.epoch, 1, block).permutation(n)
 
 
-def _group_bounds(sizes: list[int], shards_per_block: int, block_size: int) -> np.ndarray:
+def _group_bounds(sizes: np.ndarray, shards_per_block: int, block_size: int) -> np.ndarray:
     """Where each group of shards starts, and the end: at least ``shards_per_block`` shards and
-    ``block_size`` records per group (the last takes what is left)."""
-    bounds, count, total = [0], 0, 0
-    for i, size in enumerate(sizes):
-        count, total = count + 1, total + size
-        if count >= shards_per_block and total >= block_size:
-            bounds.append(i + 1)
-            count, total = 0, 0
-    if bounds[-1] < len(sizes):
-        bounds.append(len(sizes))
+    ``block_size`` records per group (the last takes what is left).
+
+    Taken greedily from the front: the group starting at shard ``a`` ends at the first ``e`` at
+    least ``a + shards_per_block`` whose records since ``a`` reach ``block_size``. That end is
+    found for every ``a`` at once; following it from 0 is a step per group, not per shard.
+    """
+    count = len(sizes)
+    cum = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    ends = np.maximum(
+        np.arange(count) + max(1, shards_per_block), np.searchsorted(cum, cum[:-1] + block_size, side="left")
+    )
+    step = np.minimum(ends, count).tolist()
+    bounds, a = [0], 0
+    while a < count:
+        a = step[a]
+        bounds.append(a)
     return np.asarray(bounds, dtype=np.int64)
 
 
@@ -165,3 +213,58 @@ def cut_intervals(intervals: Intervals, lo: int, hi: int) -> Intervals:
             out.append((a + start, a + stop))
         at += n
     return out
+
+
+def share_sizes(total: int, done: Intervals, consumers: int, *, drop_remainder: bool) -> np.ndarray:
+    """How many positions each of ``consumers`` readers takes with :func:`share`, for all at once."""
+    left = sum(b - a for a, b in complement(done, total))
+    lo, hi = _ranges(left, consumers, drop_remainder)
+    return hi - lo
+
+
+def taken(total: int, done: Intervals, used: np.ndarray, *, drop_remainder: bool) -> Intervals:
+    """``done`` and the first ``used[c]`` positions of each reader ``c``'s :func:`share`, merged:
+    what ``len(used)`` readers have used up of an epoch, in time linear in readers and intervals
+    (not a :func:`share` per reader, which is their product: minutes at 8,192 readers)."""
+    left = complement(done, total)
+    first = np.array([a for a, _ in left], dtype=np.int64)
+    lengths = np.array([b - a for a, b in left], dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum(lengths)])  # positions left before each left interval
+    lo, hi = _ranges(int(before[-1]), len(used), drop_remainder)
+    hi = lo + np.minimum(hi - lo, np.asarray(used, dtype=np.int64))
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    # each reader's [lo, hi), counted in positions left, cut where the left intervals end
+    i0 = np.searchsorted(before, lo, side="right") - 1
+    i1 = np.searchsorted(before, hi - 1, side="right") - 1
+    count = i1 - i0 + 1
+    of = np.repeat(np.arange(len(lo)), count)
+    iv = i0[of] + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    a = first[iv] + np.maximum(lo[of] - before[iv], 0)
+    b = first[iv] + np.minimum(hi[of] - before[iv], lengths[iv])
+    prior = np.array([(int(x), int(y)) for x, y in done], dtype=np.int64).reshape(-1, 2)
+    return _union(np.concatenate([prior[:, 0], a]), np.concatenate([prior[:, 1], b]))
+
+
+def _ranges(total: int, consumers: int, drop_remainder: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`consumer_range` of every reader: arrays of starts and stops."""
+    c = np.arange(consumers, dtype=np.int64)
+    q, r = divmod(total, consumers)
+    if drop_remainder:
+        return c * q, (c + 1) * q
+    return c * q + (c * r) // consumers, (c + 1) * q + ((c + 1) * r) // consumers  # c * total // consumers
+
+
+def _union(a: np.ndarray, b: np.ndarray) -> Intervals:
+    """:func:`union` of the intervals ``[a[i], b[i])``."""
+    keep = b > a
+    a, b = a[keep], b[keep]
+    by = np.lexsort((b, a))
+    a, b = a[by], b[by]
+    if not len(a):
+        return []
+    reach = np.maximum.accumulate(b)
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = a[1:] > reach[:-1]  # a gap before it: it starts a merged interval
+    starts = np.flatnonzero(new)
+    return list(zip(a[starts].tolist(), np.maximum.reduceat(b, starts).tolist(), strict=True))

@@ -245,14 +245,31 @@ def _index_local(files: list[str], format: str | None, errors: Errors, progress:
         todo = np.flatnonzero(~fresh).tolist()
         progress(len(files) - len(todo))
         if todo:
-            with ThreadPoolExecutor(min(16, len(todo))) as pool:
-                for j, entry in zip(
-                    todo, pool.map(lambda j: _scan(files[j], format, sizes[j], mtimes[j]), todo), strict=True
-                ):
-                    entries.put(keys[j], entry)
-                    progress(1)
+            for part, scanned in _scan_local([(files[j], sizes[j], mtimes[j]) for j in todo], format, todo):
+                entries.put_many([keys[j] for j in part], scanned)
+                progress(len(part))
             save(where, entries)
     return _shards(files, entries, [entries.at[k] for k in keys], format, errors)
+
+
+SCAN_THREADS = 16  # a scan waits on the disk (or the page cache) as much as it parses
+SCAN_CHUNK = 256  # files a thread scans per task: a future per file cost more than a small file's scan
+
+
+def _scan_local(
+    files: list[tuple[str, int, int]], format: str | None, ids: list[int]
+) -> Iterator[tuple[list[int], list[dict]]]:
+    """``(ids, entries)`` of ``files`` (path, size, mtime), scanned in threads, a chunk at a time
+    and in order (so a progress bar moves); ``ids`` name the files to the caller."""
+    step = max(1, min(SCAN_CHUNK, len(files) // (4 * SCAN_THREADS)))
+    chunks = range(0, len(files), step)
+
+    def scan(a: int) -> list[dict]:
+        return [_scan(path, format, size, mtime) for path, size, mtime in files[a : a + step]]
+
+    with ThreadPoolExecutor(min(SCAN_THREADS, len(chunks))) as pool:
+        for a, scanned in zip(chunks, pool.map(scan, chunks), strict=True):
+            yield ids[a : a + step], scanned
 
 
 STAT_THREADS = 2  # os.stat lets go of the GIL: two threads take 0.23 s for 100,000 files, one 0.32 s, four 0.29 s

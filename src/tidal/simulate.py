@@ -25,19 +25,22 @@ ranks per node), :func:`simulate` works out one epoch the way the readers will r
 - **Time to the first batch** at a given bandwidth: the node's readers all fetch their first
   block's shards at once, over the node's bandwidth. Request latency, decoding and the time a
   reader takes to start are left out: the network part only.
+
+It is computed with arrays over the epoch's slices (:meth:`tidal.order.EpochOrder.table`), never
+a set of shards per reader: a fresh epoch gives each reader one run of consecutive positions,
+so the blocks it reads are consecutive, and so are the slices of those blocks in the table.
+Only a node whose cache cannot hold every shard it touches is stepped through event by event.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tidal.order import EpochOrder, Intervals, share
+from tidal.order import EpochOrder, Intervals, Slices
 from tidal.storage.cache import footprint
-from tidal.world import World
 
 
 @dataclass(frozen=True)
@@ -64,20 +67,86 @@ class Setup:
         return -(-self.ranks // self.ranks_per_node)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Reader:
     """One reader's epoch: its positions, the blocks it reads, the shards it opens."""
 
     rank: int
     worker: int
-    intervals: Intervals
-    records: int
-    blocks: list[tuple[int, int]]  # (block, offset in the reader's share where it starts reading it)
-    shards: set[int]
+    start: int  # its positions of the epoch: start .. stop
+    stop: int
+    first_block: int  # the blocks it reads: first_block .. last_block (none when it reads nothing)
+    last_block: int
     held_bytes: int  # the most it holds open at once, at its size in the cache
     held_shards: int
     first_block_bytes: int  # the shards of its first block, as downloaded
     loaded: int  # records of the blocks it loads (it reads a block whole, even to yield part of it)
+    table: Slices = field(repr=False, compare=False)
+    block_starts: np.ndarray = field(repr=False, compare=False)
+
+    @property
+    def records(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def intervals(self) -> Intervals:
+        return [(self.start, self.stop)] if self.stop > self.start else []
+
+    @property
+    def blocks(self) -> list[tuple[int, int]]:
+        """(block, offset in the reader's share where it starts reading it), in order."""
+        return [
+            (b, max(0, int(self.block_starts[b]) - self.start)) for b in range(self.first_block, self.last_block + 1)
+        ]
+
+    @property
+    def shards(self) -> set[int]:
+        """The shards it opens: every shard of every block it reads."""
+        a, z = self.table.bounds[self.first_block], self.table.bounds[self.last_block + 1]
+        return set(self.table.shard[a:z].tolist()) if self.last_block >= self.first_block else set()
+
+
+@dataclass
+class Readers:
+    """Every reader of the run, rank-major: one array entry per reader (a :class:`Reader` each when indexed)."""
+
+    workers: int
+    start: np.ndarray
+    stop: np.ndarray
+    first_block: np.ndarray  # last_block < first_block where a reader reads nothing
+    last_block: np.ndarray
+    held_bytes: np.ndarray
+    held_shards: np.ndarray
+    first_block_bytes: np.ndarray
+    loaded: np.ndarray
+    table: Slices = field(repr=False)
+    block_starts: np.ndarray = field(repr=False)
+
+    @property
+    def records(self) -> np.ndarray:
+        return self.stop - self.start
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, i: int) -> Reader:
+        return Reader(
+            rank=i // self.workers,
+            worker=i % self.workers,
+            start=int(self.start[i]),
+            stop=int(self.stop[i]),
+            first_block=int(self.first_block[i]),
+            last_block=int(self.last_block[i]),
+            held_bytes=int(self.held_bytes[i]),
+            held_shards=int(self.held_shards[i]),
+            first_block_bytes=int(self.first_block_bytes[i]),
+            loaded=int(self.loaded[i]),
+            table=self.table,
+            block_starts=self.block_starts,
+        )
+
+    def __iter__(self) -> Iterator[Reader]:
+        return (self[i] for i in range(len(self)))
 
 
 @dataclass
@@ -98,7 +167,7 @@ class Simulation:
     total_records: int
     total_bytes: int
     blocks: int
-    readers: list[Reader]
+    readers: Readers
     nodes: list[Node]
     batches_per_rank: int
     largest_block_bytes: int  # the shards of the largest block, as downloaded
@@ -106,7 +175,7 @@ class Simulation:
 
     @property
     def held_per_reader(self) -> int:
-        return max((r.held_bytes for r in self.readers), default=0)
+        return int(self.readers.held_bytes.max()) if len(self.readers) else 0
 
     @property
     def cache_per_rank(self) -> int:
@@ -126,31 +195,19 @@ class Simulation:
 
 
 def simulate(setup: Setup, progress: Callable[[int], None] | None = None) -> Simulation:
-    """Simulate one epoch of ``setup``; ``progress`` is called once per reader done (for a bar)."""
+    """Simulate one epoch of ``setup``; ``progress`` is called with the number of readers done
+    (for a bar): all of them once their shares, blocks and holdings are known."""
     rows = np.asarray(setup.rows, dtype=np.int64)
     sizes = np.asarray(setup.bytes, dtype=np.int64)
     order = EpochOrder(
-        rows.tolist(),
-        seed=setup.seed,
-        epoch=setup.epoch,
-        block_size=setup.block_size,
-        shards_per_block=setup.shards_per_block,
+        rows, seed=setup.seed, epoch=setup.epoch, block_size=setup.block_size, shards_per_block=setup.shards_per_block
     )
-    slices = [order.slices(b) for b in range(order.blocks)]
-    block_shards = [[s for s, _, _ in sl] for sl in slices]
-    cached = [footprint(int(b)) for b in sizes]
-    readers = []
-    for rank in range(setup.ranks):
-        for worker in range(setup.workers):
-            readers.append(
-                _reader(
-                    order, slices, block_shards, sizes, cached, setup, World(rank, setup.ranks, worker, setup.workers)
-                )
-            )
-            if progress is not None:
-                progress(1)
-    nodes = [_node(setup, n, readers, block_shards, sizes, cached) for n in range(setup.nodes)]
-    per_reader = min((r.records for r in readers), default=0)
+    blocks = _Blocks(order, sizes)
+    readers = _readers(order, blocks, setup)
+    if progress is not None:
+        progress(len(readers))
+    nodes = [_node(setup, n, readers, blocks) for n in range(setup.nodes)]
+    per_reader = int(readers.records.min()) if len(readers) else 0
     sim = Simulation(
         setup=setup,
         total_records=int(rows.sum()),
@@ -159,127 +216,217 @@ def simulate(setup: Setup, progress: Callable[[int], None] | None = None) -> Sim
         readers=readers,
         nodes=nodes,
         batches_per_rank=setup.workers * (per_reader // max(1, setup.batch)),
-        largest_block_bytes=max((sum(int(sizes[s]) for s in shards) for shards in block_shards), default=0),
+        largest_block_bytes=int(blocks.bytes.max()) if order.blocks else 0,
     )
-    sim.quality = quality(order, slices, readers, setup, rows)
+    sim.quality = quality(order, blocks.table, readers, setup, rows)
     return sim
 
 
-def _reader(
-    order: EpochOrder,
-    slices: list[list[tuple[int, int, int]]],
-    block_shards: list[list[int]],
-    sizes: np.ndarray,
-    cached: list[int],
-    setup: Setup,
-    world: World,
-) -> Reader:
-    intervals = share(order.total, [], world.consumers, world.consumer, drop_remainder=setup.finite)
-    blocks: list[tuple[int, int]] = []
-    at = 0
-    for a, z in intervals:
-        if z <= a:
-            continue
-        for b in range(order.block_at(a), order.block_at(z - 1) + 1):
-            if not blocks or blocks[-1][0] != b:
-                blocks.append((b, at + max(0, int(order.starts[b]) - a)))
-        at += z - a
-    # what the reading stage holds open while it reads each block (as ReadIterator._held_per_block)
-    held: set[int] = set()
-    most, most_shards, last, after = 0, 0, -1, set[int]()
-    for b, _ in blocks:
-        now = after if b == last + 1 and last >= 0 else set(block_shards[b])
-        after = set(block_shards[b + 1]) if b + 1 < order.blocks else set()
-        held = (held & (now | after)) | now
-        last = b
-        total = sum(cached[i] for i in held)
-        if total > most:
-            most, most_shards = total, len(held)
-    touched = {s for b, _ in blocks for s in block_shards[b]}
-    first = sum(int(sizes[s]) for s in block_shards[blocks[0][0]]) if blocks else 0
-    loaded = sum(b - a for b_, _ in blocks for _, a, b in slices[b_])
-    return Reader(
-        rank=world.rank,
-        worker=world.worker,
-        intervals=intervals,
-        records=sum(z - a for a, z in intervals),
-        blocks=blocks,
-        shards=touched,
-        held_bytes=most,
-        held_shards=most_shards,
-        first_block_bytes=first,
+class _Blocks:
+    """Per block of the epoch: its slices (the table), their bytes as downloaded and in the cache,
+    and the shards a reader keeps open over it without reading from them."""
+
+    def __init__(self, order: EpochOrder, sizes: np.ndarray):
+        table = order.table()
+        self.table, self.order = table, order
+        self.sizes = sizes
+        self.cached = _footprints(sizes)
+        self.entry_block = table.block_of()
+        starts = table.bounds[:-1]
+        if order.blocks:
+            self.bytes = np.add.reduceat(sizes[table.shard], starts)
+            self.cached_bytes = np.add.reduceat(self.cached[table.shard], starts)
+        else:
+            self.bytes = self.cached_bytes = np.zeros(0, dtype=np.int64)
+        self.count = np.diff(table.bounds)
+        # A reader that goes on from block k-1 keeps open, while it reads block k, the shards of
+        # k-1 that k+1 reads again (ReadIterator keeps this block's and the next one's open):
+        # shards with slices in blocks k-1 and k+1 but none in k (a shard smaller than its group's
+        # number of blocks skips some).
+        by_shard = np.lexsort((self.entry_block, table.shard))
+        shard, block = table.shard[by_shard], self.entry_block[by_shard]
+        gap = (shard[1:] == shard[:-1]) & (block[1:] - block[:-1] == 2)
+        kept_in = block[:-1][gap] + 1
+        self.kept_count = np.bincount(kept_in, minlength=order.blocks).astype(np.int64)
+        self.kept_cached = np.zeros(order.blocks, dtype=np.int64)
+        np.add.at(self.kept_cached, kept_in, self.cached[shard[:-1][gap]])
+        # whether a block reads the same shards as the block before it (the blocks of a group of
+        # large shards all do): then the same slices in the same order
+        self.same_as_before = np.zeros(order.blocks, dtype=bool)
+        if order.blocks > 1:
+            alike = np.zeros(order.blocks, dtype=bool)
+            alike[1:] = self.count[1:] == self.count[:-1]
+            check = np.flatnonzero(alike[self.entry_block])
+            match = np.zeros(len(table.shard), dtype=bool)
+            match[check] = table.shard[check] == table.shard[check - self.count[self.entry_block[check]]]
+            self.same_as_before = alike & np.logical_and.reduceat(match, table.bounds[:-1])
+
+
+def _footprints(sizes: np.ndarray) -> np.ndarray:
+    """:func:`tidal.storage.cache.footprint` of every size."""
+    fixed = footprint(0)
+    return -(-sizes // 4096) * 4096 + fixed
+
+
+def _readers(order: EpochOrder, blocks: _Blocks, setup: Setup) -> Readers:
+    consumers = setup.ranks * setup.workers
+    c = np.arange(consumers, dtype=np.int64)
+    total = order.total
+    if setup.finite:  # tidal.order.consumer_range, for every reader at once
+        q = total // consumers
+        lo, hi = c * q, (c + 1) * q
+    else:  # c * total // consumers without overflow
+        q, r = divmod(total, consumers)
+        lo, hi = c * q + (c * r) // consumers, (c + 1) * q + ((c + 1) * r) // consumers
+    reads = hi > lo
+    starts = order.starts
+    b0 = np.where(reads, np.searchsorted(starts, lo, side="right") - 1, 0)
+    b1 = np.where(reads, np.searchsorted(starts, hi - 1, side="right") - 1, -1)
+    nblk = b1 - b0 + 1
+    # one entry per (reader, block it reads): readers' positions are disjoint, so at most blocks + readers
+    pair_start = np.cumsum(nblk) - nblk
+    reader = np.repeat(c, nblk)
+    block = b0[reader] + np.arange(int(nblk.sum())) - pair_start[reader]
+    first = block == b0[reader]
+    # what it holds open while reading each block: the block's shards, and from its second block
+    # on those it keeps open over the block (as ReadIterator._held_per_block)
+    held = blocks.cached_bytes[block] + np.where(first, 0, blocks.kept_cached[block])
+    count = blocks.count[block] + np.where(first, 0, blocks.kept_count[block])
+    held_bytes = np.zeros(consumers, dtype=np.int64)
+    held_shards = np.zeros(consumers, dtype=np.int64)
+    if len(block):
+        at = pair_start[reads]
+        held_bytes[reads] = np.maximum.reduceat(held, at)
+        top = np.where(held == held_bytes[reader], np.arange(len(block)), len(block))
+        held_shards[reads] = count[np.minimum.reduceat(top, at)]  # at the first block where it holds the most
+    loaded = np.where(reads, starts[b1 + 1] - starts[b0], 0)
+    first_bytes = np.where(reads, blocks.bytes[b0] if order.blocks else 0, 0)
+    return Readers(
+        workers=setup.workers,
+        start=lo,
+        stop=hi,
+        first_block=b0,
+        last_block=b1,
+        held_bytes=held_bytes,
+        held_shards=held_shards,
+        first_block_bytes=first_bytes,
         loaded=loaded,
+        table=blocks.table,
+        block_starts=starts,
     )
 
 
-def _node(
-    setup: Setup, n: int, readers: list[Reader], block_shards: list[list[int]], sizes: np.ndarray, cached: list[int]
-) -> Node:
-    ranks = list(range(n * setup.ranks_per_node, min(setup.ranks, (n + 1) * setup.ranks_per_node)))
-    mine = [r for r in readers if r.rank in ranks]
-    touched = set().union(*(r.shards for r in mine)) if mine else set()
-    first = set().union(*(set(block_shards[r.blocks[0][0]]) for r in mine if r.blocks)) if mine else set()
-    # the readers side by side, each at the same number of records into its share
-    events = sorted((offset, i, b) for i, r in enumerate(mine) for b, offset in r.blocks)
-    limit = setup.cache_limit if setup.cache_limit is not None else float("inf")
-    lru: OrderedDict[int, None] = OrderedDict()
-    holding: dict[int, set[int]] = {}
+def _node(setup: Setup, n: int, readers: Readers, blocks: _Blocks) -> Node:
+    rank0, rank1 = n * setup.ranks_per_node, min(setup.ranks, (n + 1) * setup.ranks_per_node)
+    ranks = list(range(rank0, rank1))
+    r0, r1 = rank0 * setup.workers, rank1 * setup.workers
+    mine = r0 + np.flatnonzero(readers.stop[r0:r1] > readers.start[r0:r1])
+    if not len(mine):
+        return Node(ranks, 0, 0, 0, 0, 0, 0, False)
+    table = blocks.table
+    # the node's readers read consecutive positions, so their blocks are consecutive, and so are
+    # those blocks' slices in the table
+    b0, b1 = int(readers.first_block[mine[0]]), int(readers.last_block[mine[-1]])
+    e0, e1 = int(table.bounds[b0]), int(table.bounds[b1 + 1])
+    shards, local = np.unique(table.shard[e0:e1], return_inverse=True)
+    touched_bytes = int(blocks.sizes[shards].sum())
+    touched_cached = int(blocks.cached[shards].sum())
+    firsts = np.zeros(b1 - b0 + 1, dtype=bool)  # the blocks its readers start with
+    firsts[readers.first_block[mine] - b0] = True
+    opened_first = np.zeros(len(shards), dtype=bool)
+    opened_first[local[firsts[blocks.entry_block[e0:e1] - b0]]] = True
+    first_bytes = int(blocks.sizes[shards[opened_first]].sum())
+    if setup.cache_limit is None or touched_cached <= setup.cache_limit:  # nothing is ever evicted
+        return Node(ranks, len(shards), touched_bytes, len(shards), touched_bytes, touched_cached, first_bytes, False)
+    downloads, downloaded, peak, too_small = _lru(setup.cache_limit, readers, mine, blocks, shards, local, e0)
+    return Node(ranks, len(shards), touched_bytes, downloads, downloaded, peak, first_bytes, too_small)
+
+
+def _lru(
+    limit: int, readers: Readers, mine: np.ndarray, blocks: _Blocks, shards: np.ndarray, local: np.ndarray, e0: int
+) -> tuple[int, int, int, bool]:
+    """A node's cache of ``limit`` bytes, its readers stepped side by side, each at the same number
+    of records into its share: (fetches, bytes fetched, the most it held, whether it was ever
+    over the limit with what the readers hold open). Shards are numbered in the node (``local``,
+    per table entry from ``e0``).
+
+    A reader that goes on to a block of the same shards as its last (the blocks of a group of
+    large shards) fetches nothing, changes what it holds in no way and leaves nothing to evict:
+    it only makes those shards the most recently used, and they are held, so that matters only
+    once it lets them go. Such steps are not walked: the last one's time is given to the shards
+    when the reader moves on to other shards. Only the steps to other shards are walked, in order.
+    """
+    bounds = blocks.table.bounds
+    cached, sizes = blocks.cached[shards], blocks.sizes[shards]
+    nblk = readers.last_block[mine] - readers.first_block[mine] + 1
+    reader = np.repeat(np.arange(len(mine)), nblk)
+    block = readers.first_block[mine][reader] + np.arange(int(nblk.sum())) - np.repeat(np.cumsum(nblk) - nblk, nblk)
+    offset = np.maximum(0, readers.block_starts[block] - readers.start[mine][reader])
+    when = np.empty(len(block), dtype=np.int64)  # each step's place in the walk
+    when[np.lexsort((block, reader, offset))] = np.arange(len(block))
+    moves = np.flatnonzero((block == readers.first_block[mine][reader]) | ~blocks.same_as_before[block])
+    last = np.append(moves[1:], len(block)) - 1  # the last step before the reader's next move
+    width = int(blocks.count.max()) + 1  # a step's time: its place in the walk, then its shard's in the block
+    in_cache = np.zeros(len(shards), dtype=bool)
+    stamp = np.zeros(len(shards), dtype=np.int64)  # when each was last used: least recently used first
+    busy = np.zeros(len(shards), dtype=np.int64)  # readers holding each open
+    holding: dict[int, np.ndarray] = {}
+    until: dict[int, int] = {}  # the time a reader last used what it holds
     used = peak = downloads = downloaded = 0
     too_small = False
-    for _, i, b in events:
-        holding[i] = set(block_shards[b])
-        for s in block_shards[b]:
-            if s in lru:
-                lru.move_to_end(s)
-                continue
-            lru[s] = None
-            used += cached[s]
-            downloads += 1
-            downloaded += int(sizes[s])
+    for m, end in zip(*(a[np.argsort(when[moves])].tolist() for a in (moves, last)), strict=True):
+        i, b = int(reader[m]), int(block[m])
+        ids = local[bounds[b] - e0 : bounds[b + 1] - e0]
+        if i in holding:
+            old = holding[i]
+            busy[old] -= 1
+            stamp[old] = np.maximum(stamp[old], until[i] + np.arange(len(old)))
+        busy[ids] += 1
+        holding[i] = ids
+        until[i] = int(when[end]) * width
+        new = ids[~in_cache[ids]]
+        in_cache[new] = True
+        stamp[ids] = int(when[m]) * width + np.arange(len(ids))
+        used += int(cached[new].sum())
+        downloads += len(new)
+        downloaded += int(sizes[new].sum())
         if used > limit:  # evict the least recently used shards that no reader holds
-            busy = set().union(*holding.values())
-            for s in [s for s in lru if s not in busy]:
-                if used <= limit:
-                    break
-                del lru[s]
-                used -= cached[s]
+            idle = np.flatnonzero(in_cache & (busy == 0))
+            idle = idle[np.argsort(stamp[idle])]
+            freed = np.cumsum(cached[idle])
+            gone = idle[: int(np.searchsorted(freed, used - limit)) + 1]
+            in_cache[gone] = False
+            used -= int(cached[gone].sum())
         too_small |= used > limit
         peak = max(peak, used)
-    return Node(
-        ranks=ranks,
-        touched=len(touched),
-        touched_bytes=sum(int(sizes[s]) for s in touched),
-        downloads=downloads,
-        downloaded_bytes=downloaded,
-        peak_cache=peak,
-        first_bytes=sum(int(sizes[s]) for s in first),
-        too_small=too_small,
-    )
+    return downloads, downloaded, peak, too_small
 
 
-def quality(
-    order: EpochOrder, slices: list[list[tuple[int, int, int]]], readers: list[Reader], setup: Setup, rows: np.ndarray
-) -> dict:
+def quality(order: EpochOrder, table: Slices, readers: Readers, setup: Setup, rows: np.ndarray) -> dict:
     """Distinct shards per batch: measured on a sample of batches, and for a perfect shuffle."""
     n = max(1, setup.batch)
-    per_reader = np.array([r.records // n for r in readers], dtype=np.int64)  # whole batches of each reader
+    per_reader = readers.records // n  # whole batches of each reader
     first = np.concatenate([[0], np.cumsum(per_reader)])  # batch numbers over all readers
     total = int(first[-1])
     if total == 0:
         return {}
-    picks = np.linspace(0, total - 1, min(setup.sample_batches, total)).round().astype(np.int64)
-    owners: dict[int, np.ndarray] = {}
-    distinct, largest = [], []
-    for j in sorted(set(picks.tolist())):
-        i = int(np.searchsorted(first, j, side="right")) - 1
-        k = j - int(first[i])
-        positions = _positions(readers[i].intervals, k * n, (k + 1) * n)
-        shards = np.concatenate(
-            [_owner(order, slices, owners, b)[p - int(order.starts[b])] for b, p in _by_block(order, positions)]
-        )
-        _, counts = np.unique(shards, return_counts=True)
-        distinct.append(len(counts))
-        largest.append(counts.max() / n)
+    picks = np.unique(np.linspace(0, total - 1, min(setup.sample_batches, total)).round().astype(np.int64))
+    i = np.searchsorted(first, picks, side="right") - 1
+    positions = (readers.start[i] + (picks - first[i]) * n)[:, None] + np.arange(n)  # a batch per row
+    flat = positions.reshape(-1)
+    block = np.searchsorted(order.starts, flat, side="right") - 1
+    shard = np.empty_like(flat)
+    by_block = np.argsort(block, kind="stable")
+    cuts = np.flatnonzero(np.diff(block[by_block])) + 1
+    for part in np.split(by_block, cuts):  # each block the sample reads, once
+        b = int(block[part[0]])
+        shard[part] = _owner(order, table, b)[flat[part] - order.starts[b]]
+    batches = np.sort(shard.reshape(positions.shape), axis=1)
+    change = np.ones(batches.shape, dtype=bool)
+    change[:, 1:] = batches[:, 1:] != batches[:, :-1]
+    distinct = change.sum(axis=1)
+    runs = np.diff(np.append(np.flatnonzero(change.reshape(-1)), batches.size))  # lengths of runs of one shard
+    largest = np.maximum.reduceat(runs, np.cumsum(distinct) - distinct) / n
     p = rows[rows > 0] / rows.sum()
     return {
         "batches": len(distinct),
@@ -290,30 +437,9 @@ def quality(
     }
 
 
-def _owner(
-    order: EpochOrder, slices: list[list[tuple[int, int, int]]], cache: dict[int, np.ndarray], b: int
-) -> np.ndarray:
+def _owner(order: EpochOrder, table: Slices, b: int) -> np.ndarray:
     """The shard of each position of block ``b``, in yield order."""
-    if b not in cache:
-        if len(cache) > 64:
-            cache.pop(next(iter(cache)))
-        shard_of_row = np.repeat([s for s, _, _ in slices[b]], [z - a for _, a, z in slices[b]])
-        perm = order.permutation(b)
-        cache[b] = shard_of_row if perm is None else shard_of_row[perm]
-    return cache[b]
-
-
-def _positions(intervals: Intervals, lo: int, hi: int) -> np.ndarray:
-    """Epoch positions ``lo .. hi`` of a reader's share (its intervals read one after another)."""
-    out, at = [], 0
-    for a, z in intervals:
-        start, stop = max(lo - at, 0), min(hi - at, z - a)
-        if stop > start:
-            out.append(np.arange(a + start, a + stop))
-        at += z - a
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
-def _by_block(order: EpochOrder, positions: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    blocks = np.searchsorted(order.starts, positions, side="right") - 1
-    return [(int(b), positions[blocks == b]) for b in np.unique(blocks)]
+    a, z = table.bounds[b], table.bounds[b + 1]
+    shard_of_row = np.repeat(table.shard[a:z], table.stop[a:z] - table.start[a:z])
+    perm = order.permutation(b)
+    return shard_of_row if perm is None else shard_of_row[perm]

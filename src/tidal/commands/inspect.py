@@ -18,6 +18,7 @@ from tidal.commands import add_source, listed, open_dataset, size
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
+    from tidal.shards import Shards
 
 TEXT_CHARS = 100  # characters of a string shown in a sample
 ITEMS = 8  # elements of a list or array shown in a sample
@@ -39,22 +40,26 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     if args.samples < 0 or args.limit < 0:
         raise ValueError("--samples and --limit cannot be negative")
     ds = open_dataset(args, errors=listed if args.config is None else "raise")
     if args.config is not None:
         return _pipeline(ds, args)
-    shards = ds.shards
-    total = sum(s.bytes for s in shards)
-    bad = [s for s in shards if s.error is not None]
+    shards = ds.shards  # columns: read as such, never a Shard per file (a corpus may have a million)
+    total = int(shards.bytes.sum())
+    bad = [shards[i] for i, error in enumerate(shards.errors) if error is not None]
     unreadable = f", {len(bad)} unreadable (not counted)" if bad else ""
     print(
         f"{len(shards)} shard{'s' * (len(shards) != 1)}, {ds.num_records:,} records, {size(total)} in {args.url}"
         + unreadable
     )
-    kinds = Counter(_kind(s) for s in shards)
+    kinds = _kinds(shards)
     print("format: " + ", ".join(f"{kind} ({n} shard{'s' * (n > 1)})" for kind, n in kinds.most_common()))
-    first = next((s for s in shards if s.rows and s.error is None), None)
+    readable = np.fromiter((e is None for e in shards.errors), dtype=bool, count=len(shards))
+    counted = np.flatnonzero((shards.rows > 0) & readable)
+    first = shards[int(counted[0])] if len(counted) else None
     if first is not None:
         table = _first_table(ds, max(args.samples, 64))
         print(f"columns (of the first records, in {os.path.basename(first.path)}):")
@@ -85,7 +90,7 @@ def _pipeline(ds: Dataset, args: argparse.Namespace) -> int:
     print(repr(ds))
     for key, plan in ds.sources().items():
         name = f"stream {key[:-1]}" if key else "source"
-        formats = ", ".join(Counter(_kind(s) for s in plan.shards))
+        formats = ", ".join(_kinds(plan.shards))
         print(
             f"  {name}: {len(plan.shards)} shards, {plan.total} records, "
             f"{size(int(plan.shards.bytes.sum()))} ({formats})"
@@ -104,6 +109,11 @@ def _pipeline(ds: Dataset, args: argparse.Namespace) -> int:
                     print(f"  {name:<20} {kind}")
             print("  " + show(first))
     return 0
+
+
+def _kinds(shards: Shards) -> Counter[str]:
+    """Shards per format (with its compression), in order of first appearance."""
+    return Counter(f"{f}.{c}" if c else f for f, c in zip(shards.formats, shards.compressions, strict=True))
 
 
 def _kind(shard: Any) -> str:

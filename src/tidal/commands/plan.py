@@ -170,17 +170,18 @@ def report(sim: Simulation, remote: bool, indent: str = "") -> str:
         f"run: {s.nodes} node{'s' * (s.nodes > 1)} x {min(s.ranks_per_node, s.ranks)} rank(s) x {s.workers} "
         f"worker(s) = {readers} readers, batches of {s.batch:,} records"
     )
-    per = [r.records for r in sim.readers]
-    dropped = sim.total_records - sum(per)
+    per = sim.readers.records
+    least, most, read = int(per.min()), int(per.max()), int(per.sum())
+    dropped = sim.total_records - read
     note = f"; {dropped:,} not read this epoch (the remainder of a finite epoch)" if dropped else ""
     lines.append(
-        f"each reader: {min(per):,}{'' if min(per) == max(per) else f' to {max(per):,}'} records{note}; "
+        f"each reader: {least:,}{'' if least == most else f' to {most:,}'} records{note}; "
         f"{sim.batches_per_rank:,} batches per rank per epoch"
     )
-    loaded = sum(r.loaded for r in sim.readers)
-    if sum(per):
+    loaded = int(sim.readers.loaded.sum())
+    if read:
         lines.append(
-            f"reads: the readers load {loaded:,} records to yield {sum(per):,} ({loaded / sum(per):.2f}x: "
+            f"reads: the readers load {loaded:,} records to yield {read:,} ({loaded / read:.2f}x: "
             "a reader loads a block whole to yield its part of it)"
         )
     limit = "unbounded" if s.cache_limit is None else size(s.cache_limit)
@@ -202,7 +203,7 @@ def report(sim: Simulation, remote: bool, indent: str = "") -> str:
     total = sum(n.downloaded_bytes for n in sim.nodes)
     if sim.total_bytes:
         lines.append(f"  all nodes: {size(total)} per epoch, {total / sim.total_bytes:.2f}x the data")
-    worst = max(sim.readers, key=lambda r: r.held_bytes)
+    worst = sim.readers[int(sim.readers.held_bytes.argmax())]  # the first that holds the most
     lines.append(
         f"cache: a reader holds at most {worst.held_shards} shard(s) open at once, {size(worst.held_bytes)} in the "
         f"cache; tidal needs a cache_limit of at least {size(sim.cache_per_rank)} per rank ({s.workers} worker(s) "

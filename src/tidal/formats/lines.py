@@ -14,6 +14,7 @@ remote shard's local copy in the shard cache, passed as ``info["file"]`` or ``fi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import IO
 
@@ -46,6 +47,10 @@ def _iter_lines(f: IO[bytes], offset: int, line: int) -> Iterator[tuple[int, int
 
 
 def scan(path: str, compression: str | None, file: str | None = None) -> dict:
+    if compression is None:
+        small = _scan_small(file or path)
+        if small is not None:
+            return small
     rows = 0
     checkpoints: list[list[int]] = []
     with open_stream(path, file or path, compression) as f:
@@ -57,6 +62,24 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     if len(checkpoints) > 1:  # the first is where reading from the start begins anyway
         info["checkpoints"] = checkpoints
     return info
+
+
+def _scan_small(where: str) -> dict | None:
+    """What :func:`scan` finds in a plain file of at most one piece, no empty line and no more
+    rows than a checkpoint holds (its rows, nothing else), from one read without a file object:
+    a corpus of many small files is indexed at the speed of the system calls. ``None`` for any
+    other file, which the line-by-line scan reads."""
+    fd = os.open(where, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1) if size <= _PIECE else b""
+    finally:
+        os.close(fd)
+    if len(data) != size or data.startswith((b"\n", b"\r\n")) or b"\n\n" in data or b"\n\r\n" in data:
+        return None  # larger, short read, grown since, or with an empty line
+    tail = data[data.rfind(b"\n") + 1 :]
+    rows = data.count(b"\n") + (tail not in (b"", b"\r"))
+    return {"rows": rows} if rows <= CHECKPOINT_ROWS else None
 
 
 def _split(data: bytes, carry: list[bytes]) -> tuple[list[bytes | memoryview], list[bytes]]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 from tidal.errors import StateError
-from tidal.order import share
+from tidal.order import share_sizes
 from tidal.state import keys as k
 from tidal.state.elastic import records_done
 from tidal.state.schema import check_layout, mix_draws, progress_of
@@ -87,13 +89,14 @@ def skip(state: dict, batches: int) -> dict:
     world_size, workers = state[k.TOPOLOGY]
     readers = world_size * workers
     per_worker = -(-batches // workers)
+    sizes = _ShareSizes()
     for r, rank in enumerate(out[k.RANKS]):
         for w, reader in enumerate(rank[k.WORKERS]):
             if reader and reader[k.USED]:
                 rate = _records_per_batch(reader)
                 # continuous rows: every batch is one of every worker's, side by side
                 count = batches if k.ROWS in reader[k.POSITION] else per_worker
-                reader[k.USED] = _advance(reader[k.USED], count * rate, state, readers, r * workers + w)
+                reader[k.USED] = _advance(reader[k.USED], count * rate, state, readers, r * workers + w, sizes)
     out[k.MIX_DRAWS] = mix_draws(state)
     out[k.PROGRESS] = progress_of(out)
     out[k.RANKS] = [None] * world_size  # positions inside buffers no longer apply
@@ -116,6 +119,7 @@ def _skip_plain(state: dict, batches: int) -> dict | None:
         return None
     world_size, workers = state[k.TOPOLOGY]
     origin = (state.get(k.ORIGIN) or {}).get(key) or {k.EPOCH: state[k.FIRST_EPOCH], k.DONE: {}}
+    sizes = _ShareSizes()
     out = copy.deepcopy(state)
     for r, rank in enumerate(out[k.RANKS]):
         start = rank[k.NEXT_WORKER]
@@ -125,7 +129,7 @@ def _skip_plain(state: dict, batches: int) -> dict | None:
             position = reader[k.POSITION]
             offset = position[k.OFFSET] + reader[k.WITHIN] * rate
             epoch, offset, moved = _move(
-                src, origin, world_size * workers, r * workers + w, position, offset, count * rate
+                sizes, key, src, origin, world_size * workers, r * workers + w, position, offset, count * rate
             )
             position.update({k.EPOCH: epoch, k.OFFSET: offset, k.PASSED: position[k.PASSED] + moved})
             reader[k.WITHIN] = 0
@@ -156,14 +160,39 @@ def _fresh_reader(state: dict, origin: dict, key: str, reader: list[int]) -> dic
     }
 
 
-def _move(src: dict, origin: dict, readers: int, reader: int, position: dict, offset: int, records: int) -> tuple:
+class _ShareSizes:
+    """The size of every reader's share of an epoch, worked out once for all readers of the
+    epoch: a :func:`~tidal.order.share` per reader costs the epoch's done intervals each, which
+    over 8,192 readers restored from as many intervals took minutes."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, key: str, src: dict, origin: dict, readers: int, reader: int, epoch: int) -> int:
+        at = (key, readers, epoch)
+        if at not in self._known:
+            done = origin[k.DONE].get(str(epoch), [])
+            self._known[at] = share_sizes(src[k.RECORDS], done, readers, drop_remainder=src[k.FINITE])
+        return int(self._known[at][reader])
+
+
+def _move(
+    sizes: _ShareSizes,
+    key: str,
+    src: dict,
+    origin: dict,
+    readers: int,
+    reader: int,
+    position: dict,
+    offset: int,
+    records: int,
+) -> tuple:
     """(epoch, offset, records moved) ``records`` on through this reader's shares, stopping at
     the end of the pass's last epoch."""
     epoch, left = position[k.EPOCH], records
     last = position[k.FIRST_EPOCH] + src[k.EPOCHS] - 1 if src[k.EPOCHS] is not None else None
     while True:
-        done = origin[k.DONE].get(str(epoch), [])
-        size = sum(b - a for a, b in share(src[k.RECORDS], done, readers, reader, drop_remainder=src[k.FINITE]))
+        size = sizes(key, src, origin, readers, reader, epoch)
         step = min(left, size - offset)
         offset, left = offset + step, left - step
         if left == 0 or size == 0 or (last is not None and epoch >= last):
@@ -178,7 +207,7 @@ def _records_per_batch(reader: dict) -> int:
     return max(1, round(counts[k.RECORDS] / counts[k.ITEMS]))
 
 
-def _advance(used: dict, records: int, state: dict, readers: int, reader: int) -> dict:
+def _advance(used: dict, records: int, state: dict, readers: int, reader: int, sizes: _ShareSizes) -> dict:
     """Move each source's [epoch, offset] on by ``records`` through its share, epoch by epoch
     (a reader of several lanes: each lane by its part, through the lane's own share)."""
     out = {}
@@ -188,19 +217,27 @@ def _advance(used: dict, records: int, state: dict, readers: int, reader: int) -
             v
             for lane in range(lanes)
             for v in _advance_one(
-                state, key, at[2 * lane], at[2 * lane + 1], records // lanes, readers * lanes, reader * lanes + lane
+                sizes,
+                state,
+                key,
+                at[2 * lane],
+                at[2 * lane + 1],
+                records // lanes,
+                readers * lanes,
+                reader * lanes + lane,
             )
         ]
     return out
 
 
-def _advance_one(state: dict, key: str, epoch: int, offset: int, records: int, readers: int, reader: int) -> list:
+def _advance_one(
+    sizes: _ShareSizes, state: dict, key: str, epoch: int, offset: int, records: int, readers: int, reader: int
+) -> list:
     src = state[k.SOURCES][key]
     origin = (state.get(k.ORIGIN) or {}).get(key) or {k.DONE: {}}
     left = records
     while True:
-        done = origin[k.DONE].get(str(epoch), [])
-        size = sum(b - a for a, b in share(src[k.RECORDS], done, readers, reader, drop_remainder=src[k.FINITE]))
+        size = sizes(key, src, origin, readers, reader, epoch)
         step = min(left, size - offset)
         offset, left = offset + step, left - step
         if left == 0 or size == 0:

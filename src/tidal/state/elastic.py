@@ -20,8 +20,10 @@ dropped); for ``pack("best_fit")``, its buffer in progress is packed again.
 
 from __future__ import annotations
 
+import numpy as np
+
 from tidal.errors import StateError
-from tidal.order import cut_intervals, share, union
+from tidal.order import taken
 from tidal.state import keys as k
 from tidal.state.view import View, check_int
 
@@ -36,7 +38,6 @@ def progress(sources: dict, used: list[dict | None], origin: dict | None, first_
     ``origin`` is the progress these readers were restored from, if any.
     """
     used = lanes(used)
-    readers = len(used)
     out = {}
     for key, src in sources.items():
         base = (origin or {}).get(key) or {k.EPOCH: first_epoch, k.DONE: {}}
@@ -45,15 +46,12 @@ def progress(sources: dict, used: list[dict | None], origin: dict | None, first_
         if last - first > MAX_EPOCHS_APART:
             raise StateError(f"readers at epochs {first} and {last} of source {key!r}: not one run's state")
         done = {}
+        total = src[k.RECORDS]
         for epoch in range(first, last + 1):
             prior = [tuple(iv) for iv in base[k.DONE].get(str(epoch), [])]
-            taken = list(prior)
-            for reader, (e, offset) in enumerate(at):
-                if e < epoch:
-                    continue
-                part = share(src[k.RECORDS], prior, readers, reader, drop_remainder=src[k.FINITE])
-                taken += part if e > epoch else cut_intervals(part, 0, offset)
-            merged = union(taken)
+            # per reader, how much of its share of this epoch it has used: all of it once past it
+            used_of = np.array([total if e > epoch else min(o, total) if e == epoch else 0 for e, o in at], np.int64)
+            merged = taken(total, prior, used_of, drop_remainder=src[k.FINITE])
             if merged:
                 done[str(epoch)] = [list(iv) for iv in merged]
         out[key] = {k.EPOCH: first, k.DONE: done}

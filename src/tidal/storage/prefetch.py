@@ -241,14 +241,15 @@ class Prefetcher:
                 self._pending.pop(i).cancel()  # not needed soon after all; if it runs, its pin is dropped
             for i in [i for i in self._pinned if i not in self._chosen]:
                 unpin.append(self._pinned.pop(i))
+            # read now, first in the queue: the threads (and the link) go to them before the later ones
+            for i in chosen[:first_later]:
+                if i not in self._held and i not in self._pinned and i not in self._pending:
+                    self._pending[i] = self._executor().submit(self._prefetch, i)
             for i in chosen[first_later:]:
                 fut = self._pending.get(i)
                 if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
                     fut = fut if fut.result() is not None else None  # None: there was no room then, try again
                 if i not in self._held and i not in self._pinned and fut is None:
-                    self._pending[i] = self._executor().submit(self._prefetch, i)
-            for i in chosen[:first_later]:  # read now: fetched in the background while the first is read
-                if i not in self._held and i not in self._pinned and i not in self._pending:
                     self._pending[i] = self._executor().submit(self._prefetch, i)
         for h in unpin:
             h.release()

@@ -37,6 +37,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -421,6 +422,9 @@ def report(res: dict[str, Any], loaders: list[str], net_list: list[Net], args: a
                 f"{PLAIN}: boto3 GETs of 16 MiB ranges of the JSON lines copy, {args.plain_threads} at a time.",
             ],
         )
+        for x in names:  # why a run failed: its exception line, once per distinct one
+            errors = Counter(g["error"].removeprefix("failed: ")[:200] for g in runs[f"{net.name} {x}"] if "error" in g)
+            table.notes += [f"{x} failed {n} time{'s' if n > 1 else ''}: {e}" for e, n in errors.items()]
         if net.link is not None:
             for t in tidal:
                 what = f"{net.name}: {t} fetch >= {TARGET_SHARE} of the link"

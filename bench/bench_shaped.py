@@ -379,6 +379,7 @@ def report(res: dict[str, Any], loaders: list[str], net_list: list[Net], args: a
                     show(of(x, "in_flight")),
                     show(of(x, "sustained_mb_s")),
                     show(of(x, "sustained_share")),
+                    "-" if "error" in of(x, "rate") else peers.cell(of(x, "rate"), "rate"),
                     f"{gets:.0f} / {throttled:.0f}",
                     show(of(x, "bytes_mb")),
                     f"{sum('error' in g for g in got)} of {len(got)}",
@@ -407,6 +408,7 @@ def report(res: dict[str, Any], loaders: list[str], net_list: list[Net], args: a
                 "in flight",
                 "sustained MB/s",
                 "÷ link",
+                "records/s",
                 "GETs / 503s per run",
                 "MB downloaded",
                 "failed",
@@ -419,6 +421,7 @@ def report(res: dict[str, Any], loaders: list[str], net_list: list[Net], args: a
                 "fetch: bytes the proxy sent per second while the loader downloaded (5% to 95% of its copy, or 5% to the run's",
                 "end); in flight: the mean number of its requests meanwhile. sustained: records/s x the copy's bytes per record,",
                 "over the batches after the first while 5% or more of the copy was still to come; ÷ link: over the link's capacity.",
+                "records/s: over all the batches after the first, from the network or from the cache.",
                 f"{PLAIN}: boto3 GETs of 16 MiB ranges of the JSON lines copy, {args.plain_threads} at a time.",
             ],
         )

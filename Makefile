@@ -56,11 +56,13 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 # bench_peers.py: tidal next to LitData, Mosaic, WebDataset and HF datasets on one corpus (about 25
-# minutes; the first run adds about 5 for the corpus, its conversions and the tokenizer)
+# minutes; the first run adds about 5 for the corpus, its conversions and the tokenizer);
+# bench_shaped.py: the same copies from S3 over a shaped link (latency, bandwidth, throttling)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_read.py
 	$(BIN)/python bench/bench_peers.py --json bench-data/peers/last.json \
 	  --markdown bench-data/peers/last.md --plot bench-data/peers/last.png
+	$(BIN)/python bench/bench_shaped.py --json bench-data/shaped/last.json
 
 lock:
 	rm -rf $(LOCK_VENV)

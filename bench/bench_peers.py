@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common import EOS, batch_ids, corpus_texts, load_json, log, read_jsonl, resume_points, sha1, train_tokenizer
 
@@ -75,6 +75,7 @@ S3_BUCKET = "bench"
 # what the children of the s3 workload find in their environment, and nothing else of AWS's: fake credentials
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 FRACTIONS = (0.1, 0.9)
+J = TypeVar("J")  # a job of a plan (this script's, or bench_shaped.py's)
 RAW_METHODS = ("encode_batch", "encode_batch_fast")
 
 
@@ -497,13 +498,22 @@ def _rows(batch: Any) -> int:
     return int(ids.shape[0])
 
 
-def _steady(it: Iterator[Any], seconds: float, count: Callable[[Any], int]) -> tuple[int, float]:
-    """Units counted over ``seconds`` of batches (the first one already taken), and the time it took."""
+def _steady(
+    it: Iterator[Any], seconds: float, count: Callable[[Any], int], marks: list[tuple[float, int]] | None = None
+) -> tuple[int, float]:
+    """Units counted over ``seconds`` of batches (the first one already taken), and the time it took.
+    ``marks``: a list to append ``(wall clock, units so far)`` to every 0.1 s and at the end."""
     n = 0
-    t0 = now = time.perf_counter()
+    wall0, t0 = time.time(), time.perf_counter()
+    now = last = t0
     while now - t0 < seconds:
         n += count(next(it))
         now = time.perf_counter()
+        if marks is not None and now - last >= 0.1:
+            marks.append((wall0 + now - t0, n))
+            last = now
+    if marks is not None:
+        marks.append((wall0 + now - t0, n))
     return n, now - t0
 
 
@@ -517,11 +527,12 @@ def child_stream(spec: Spec) -> dict[str, Any]:
     next(it)
     t2 = time.perf_counter()
     first_wall = time.time()
+    marks = [(first_wall, 0)] if spec.url else None  # from S3: when each record came, for bench_shaped.py
     if tokens:
-        n, elapsed = _steady(it, spec.seconds, lambda b: _rows(b) * spec.seq_len)
+        n, elapsed = _steady(it, spec.seconds, lambda b: _rows(b) * spec.seq_len, marks)
     else:
-        n, elapsed = _steady(it, spec.seconds, lambda b: len(b["id"]))
-    out = {
+        n, elapsed = _steady(it, spec.seconds, lambda b: len(b["id"]), marks)
+    out: dict[str, Any] = {
         "units": n,
         "seconds": elapsed,
         "rate": n / elapsed if elapsed > 0 else math.nan,
@@ -529,6 +540,8 @@ def child_stream(spec: Spec) -> dict[str, Any]:
         "first_batch_from_iter_s": t2 - t1,
         "first_batch_from_start_s": first_wall - spec.t_spawn,
     }
+    if marks is not None:
+        out["timeline"] = marks
     return {**out, "_keep": it}
 
 
@@ -909,7 +922,7 @@ def resume_jobs(args: argparse.Namespace, manifest: dict[str, Any], loaders: lis
     return out
 
 
-def rotated(jobs: list[Job], rep: int, repeats: int) -> list[Job]:
+def rotated(jobs: list[J], rep: int, repeats: int) -> list[J]:
     """Repetition ``rep`` starts ``rep / repeats`` of the way down the list, so that no configuration always
     runs first, or right after the same one, when the machine's load changes over the run."""
     k = (rep * len(jobs)) // max(1, repeats)

@@ -16,21 +16,34 @@ of ``burst`` requests in a row, as a throttling store sends them. The draws foll
 generator seeded with ``seed``, so every run injects the same sequence of faults.
 
 With ``only`` (a predicate of method, target and headers), only the requests it accepts
-are counted and broken. The rest are forwarded as they are, after ``delay_s`` seconds (a
-slow network, to see what prefetching hides). With ``every``, faults follow a count, not
-chance, so a retried request always gets through and every test run sees the same faults. Everything is bounded:
-each connection's loop ends when either side closes it, a stall ends at ``stall_s`` or at
-``stop()``, and ``stop()`` closes every connection.
+are counted and broken. The rest are forwarded as they are. With ``every``, faults follow a
+count, not chance, so a retried request always gets through and every test run sees the same
+faults.
+
+A realistic network (:mod:`shaping`), ``every=0`` for it alone: ``link`` delays the first
+byte of every answer and paces response bodies per connection and for all connections
+together; ``throttle`` answers ``503 SlowDown`` above a request rate, as S3 does; ``delay_s``
+is ``link=Link(latency_s=delay_s)``. ``traffic`` counts requests by kind, throttled answers,
+bytes and requests in flight.
+
+Everything is bounded: each connection's loop ends when either side closes it, a stall, a
+delay or a paced body ends at ``stop()``, and ``stop()`` closes every connection and waits
+for the threads that served them.
 
 >>> with FaultProxy(("127.0.0.1", s3.port), every=10) as proxy:
 ...     ds = tidal.Dataset("s3://bucket/web", storage_options=s3.options(proxy.endpoint))
 ...     proxy.faults                            # {"reset": 3, "503": 3, ...}
+>>> link = Link(latency_s=0.08, conn_bytes_s=50e6, link_bytes_s=100e6)
+>>> with FaultProxy(("127.0.0.1", s3.port), every=0, link=link, throttle=Throttle(rps=20)) as proxy:
+...     ...
+...     proxy.traffic.snapshot()               # {"requests": {"GET range": 40, "LIST": 1}, "throttled": 6, ...}
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import random
 import socket
 import socketserver
@@ -40,6 +53,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+
+from shaping import CHUNK, Bucket, Link, Throttle, Traffic, kind
 
 KINDS = ("reset", "503", "429", "stall", "truncate")
 _REASONS = {503: "Service Unavailable", 429: "Too Many Requests"}
@@ -67,52 +82,85 @@ class _Handler(socketserver.BaseRequestHandler):
         proxy._track(sock, True)
         upstream = http.client.HTTPConnection(*proxy.upstream, timeout=30)
         rfile = sock.makefile("rb")
+        pace = [b for b in (proxy.link.connection(), proxy._link_bucket) if b is not None]
         try:
             while not proxy._stopping.is_set():
                 request = _read_request(rfile, sock)
                 if request is None:
                     return
                 method, target, headers, body = request
-                start = time.monotonic()
-                fault = proxy._next_fault(method, target, headers)
-                if fault == "reset":
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    rfile.close()
-                    sock.close()  # with a zero linger: RST, not FIN
-                    return
-                if fault in ("503", "429"):
-                    status = int(fault)
-                    _send(sock, status, [("Content-Type", "application/xml")], _BODIES[status], method)
-                    continue
-                if fault == "stall":
-                    proxy._stopping.wait(proxy.stall_s)
-                    return
-                if proxy.delay_s:
-                    proxy._stopping.wait(proxy.delay_s)
-                upstream.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-                for k, v in headers:
-                    upstream.putheader(k, v)
-                upstream.endheaders(body or None)
-                resp = upstream.getresponse()
-                data = resp.read()
-                if proxy.slow_s is not None and time.monotonic() - start > proxy.slow_s:
-                    proxy._count_slow()  # the client may have given up on it: a retry no fault caused
-                out = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP]
-                if method == "HEAD":
-                    out += [(k, v) for k, v in resp.getheaders() if k.lower() == "content-length"]
-                if fault == "truncate" and data:
-                    head = f"HTTP/1.1 {resp.status} {resp.reason}\r\n".encode()
-                    head += b"".join(f"{k}: {v}\r\n".encode() for k, v in out)
-                    head += f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-                    sock.sendall(head + data[: len(data) // 2])
-                    return
-                _send(sock, resp.status, out, data, method, reason=resp.reason)
+                token = proxy.traffic.begin(kind(method, target, headers), len(body))
+                try:
+                    if not self._answer(proxy, sock, rfile, upstream, pace, request):
+                        return
+                finally:
+                    proxy.traffic.end(token)
         except OSError:
             return
         finally:
             rfile.close()
             upstream.close()
             proxy._track(sock, False)
+
+    def _answer(
+        self,
+        proxy: FaultProxy,
+        sock: socket.socket,
+        rfile: Any,
+        upstream: http.client.HTTPConnection,
+        pace: list[Bucket],
+        request: tuple[str, str, list[tuple[str, str]], bytes],
+    ) -> bool:
+        """Answer one request; False when the connection is to be closed."""
+        method, target, headers, body = request
+        start = time.monotonic()
+        fault = proxy._next_fault(method, target, headers)
+        if fault == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            rfile.close()
+            sock.close()  # with a zero linger: RST, not FIN
+            return False
+        if fault == "stall":
+            proxy._stopping.wait(proxy.stall_s)
+            return False
+        if proxy.link.latency_s and proxy._stopping.wait(proxy.link.latency_s):
+            return False  # the time to the first byte of every answer, spent; or the proxy stops
+        if fault in ("503", "429"):
+            status = int(fault)
+            _send(sock, status, [("Content-Type", "application/xml")], _BODIES[status], method)
+            return True
+        if proxy.throttle is not None and not proxy.throttle.admit(target):
+            proxy.traffic.throttle()
+            _send(sock, 503, [("Content-Type", "application/xml")], _BODIES[503], method)
+            return True
+        upstream.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        for k, v in headers:
+            upstream.putheader(k, v)
+        upstream.endheaders(body or None)
+        resp = upstream.getresponse()
+        out = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP]
+        if method == "HEAD":
+            out += [(k, v) for k, v in resp.getheaders() if k.lower() == "content-length"]
+        if resp.length is None:  # chunked: read whole, sent with its length
+            whole = resp.read()
+            read: Callable[[int], bytes] = io.BytesIO(whole).read
+            length = len(whole)
+        else:
+            read, length = resp.read, resp.length
+        head = f"HTTP/1.1 {resp.status} {resp.reason}\r\n".encode()
+        head += b"".join(f"{k}: {v}\r\n".encode() for k, v in out)
+        if method != "HEAD":
+            head += f"Content-Length: {length}\r\n".encode()
+        if fault == "truncate" and length:
+            sock.sendall(head + b"Connection: close\r\n\r\n")
+            proxy._stream(sock, read, length // 2, pace)  # its Content-Length intact, half its body
+            return False
+        sock.sendall(head + b"\r\n")
+        proxy._stream(sock, read, length, pace)
+        resp.read()  # nothing left; the upstream connection is ready for the next request
+        if proxy.slow_s is not None and time.monotonic() - start > proxy.slow_s:
+            proxy._count_slow()  # the client may have given up on it: a retry no fault caused
+        return True
 
 
 def _read_request(
@@ -161,7 +209,8 @@ class FaultProxy:
     ``every=0`` forwards everything. ``faults`` counts the faults injected by kind,
     ``requests`` the requests counted (every one, or those ``only`` accepts), ``slow`` the
     requests the server took longer than ``slow_s`` to answer (on a loaded machine, a client
-    with a timeout near it retries some of them though no fault was injected).
+    with a timeout near it retries some of them though no fault was injected). ``link``,
+    ``throttle`` and ``traffic``: see :mod:`shaping`.
     """
 
     def __init__(
@@ -176,12 +225,19 @@ class FaultProxy:
         seed: int = 0,
         burst: int = 1,
         slow_s: float | None = None,
+        link: Link | None = None,
+        throttle: Throttle | None = None,
     ):
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown faults: {unknown}")
+        if delay_s and link is not None:
+            raise ValueError("delay_s is a link's latency: give one of delay_s and link")
         self.upstream, self.every, self.kinds, self.stall_s, self.only = upstream, every, kinds, stall_s, only
-        self.delay_s = delay_s
+        self.link = link if link is not None else Link(latency_s=delay_s)
+        self.throttle = throttle
+        self.traffic = Traffic()
+        self._link_bucket = self.link.bucket()
         self.rate, self.burst = rate, burst
         self._rng = random.Random(seed)
         self._burst: list[str] = []  # the rest of a burst under way
@@ -190,7 +246,7 @@ class FaultProxy:
         self.slow_s, self.slow = slow_s, 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._open: set[socket.socket] = set()
+        self._open: dict[socket.socket, threading.Thread] = {}
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.port = int(self._server.server_address[1])
@@ -228,19 +284,37 @@ class FaultProxy:
     def _track(self, sock: socket.socket, add: bool) -> None:
         with self._lock:
             if add:
-                self._open.add(sock)
+                self._open[sock] = threading.current_thread()
             else:
-                self._open.discard(sock)
+                self._open.pop(sock, None)
 
-    def stop(self) -> None:
+    def _stream(self, sock: socket.socket, read: Callable[[int], bytes], n: int, pace: list[Bucket]) -> None:
+        """``n`` bytes of ``read`` to ``sock``, a chunk at a time, each when every bucket of
+        ``pace`` allows it."""
+        while n > 0:
+            chunk = read(min(CHUNK, n))
+            if not chunk:
+                raise OSError("the server's answer ended early")
+            wait = max((b.reserve(len(chunk)) for b in pace), default=0.0)
+            if wait > 0 and self._stopping.wait(wait):
+                raise OSError("the proxy stops")
+            self.traffic.sent(len(chunk))  # counted first: a client that has the bytes finds them counted
+            sock.sendall(chunk)
+            n -= len(chunk)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop listening, close every connection, and wait up to ``timeout`` for their threads."""
         self._stopping.set()
         self._server.shutdown()
         with self._lock:
-            for sock in list(self._open):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            open_now = dict(self._open)
+        for sock in open_now:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self._server.server_close()
-        self._thread.join(5)
+        deadline = time.monotonic() + timeout
+        for thread in [self._thread, *open_now.values()]:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> FaultProxy:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_shards, write_parquet
+from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import tidal
@@ -104,6 +106,33 @@ def test_a_parquet_shard_larger_than_the_cache_is_read_in_place_by_ranges(
     assert got == [r["id"] for r in tidal.Dataset(data).shuffle(**shuffle)]
     assert it.stats()["bytes_downloaded"] >= big  # every row group came, by ranges...
     assert len(list(cache.glob("shards/*.shard"))) <= 2  # ...and never into the cache
+
+
+def test_the_shards_a_reader_needs_now_are_fetched_before_those_it_reads_later(
+    s3: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    data = make_shards(tmp_path / "data", [400] * 12, kinds=("jsonl",))
+    url = s3.upload(data, bucket, "web")
+    cache = tmp_path / "cache"
+    tidal.Dataset(url, storage=storage(s3, cache))  # the index, straight from the server
+    shutil.rmtree(cache / "shards")
+    fetched: list[str] = []  # the shard of each GET, in the order the store got them
+
+    def seen(method: str, target: str, headers: list[tuple[str, str]]) -> bool:
+        if method == "GET" and "/web/part-" in target:
+            fetched.append(target.split("/web/")[1].split("?")[0])
+        return False  # counted here, never broken
+
+    shuffle = {"seed": 5, "block_size": 800, "shards_per_block": 2}  # two whole shards a block
+    with FaultProxy(("127.0.0.1", s3.port), every=0, only=seen) as proxy:
+        # one prefetch thread: whatever it takes first is what the reader's first block waits behind
+        settings = Storage(options=s3.options(proxy.endpoint), cache_dir=str(cache), parallel=1, retry=FAST)
+        it = tidal.Dataset(url, storage=settings).shuffle(**shuffle).iterator()
+        block = {f"part-{r['id'] // 400:03d}.jsonl" for r in itertools.islice(it, 800)}
+        it.close()
+    assert len(block) == 2
+    first = list(dict.fromkeys(fetched))[:2]  # the first two shards the store was asked for
+    assert set(first) == block, f"the first block reads {sorted(block)}, the store was asked for {first} first"
 
 
 @pytest.mark.slow

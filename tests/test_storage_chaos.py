@@ -397,7 +397,7 @@ def test_credentials_never_appear_in_errors_logs_or_loader_state(
                 options={**options, "endpoint_url": proxy.endpoint},
                 cache_dir=str(tmp_path / f"{backend}-failing"),
                 backend=backend,
-                retry=Retry(attempts=2, backoff=0.01),
+                retry=Retry(attempts=2, backoff=0.01, throttled_s=0),
             )
             with pytest.raises(tidal.StorageError) as err:
                 list(tidal.Dataset(url, storage=failing))

@@ -97,12 +97,12 @@ def test_call_retries_then_names_the_url_attempts_and_last_error() -> None:
     assert stats.dict()["retries"] == 2
 
     def down() -> bytes:
-        raise ClientError("SlowDown", 503)
+        raise ClientError("InternalError", 500)
 
     with pytest.raises(StorageError) as err:
         call(down, url="s3://b/k", what="GET bytes 0-10", retry=fast, stats=stats)
     assert str(err.value).startswith("s3://b/k: GET bytes 0-10 failed 4 times in ")
-    assert "SlowDown" in str(err.value) and err.value.attempts == 4
+    assert "InternalError" in str(err.value) and err.value.attempts == 4
     with pytest.raises(StorageError, match=r"s3://b/k: GET failed: .*NoSuchKey") as err:
         call(lambda: (_ for _ in ()).throw(ClientError("NoSuchKey", 404)), url="s3://b/k", what="GET", retry=fast)
     assert err.value.attempts == 1  # not retried
@@ -119,6 +119,39 @@ def test_errors_never_show_credentials() -> None:
     assert "https://host/b/k" in clean
     settings = Storage(options={"key": "AKIA", "secret": "wJalrXUtnFEMI"})
     assert "wJalrXUtnFEMI" not in repr(settings) and "AKIA" not in repr(settings)
+
+
+def test_a_store_that_throttles_is_tried_for_throttled_s_whatever_the_attempts() -> None:
+    stats, tries = Stats(), []
+
+    def busy() -> bytes:
+        tries.append(1)
+        if len(tries) < 12:  # more tries than attempts allows
+            raise ClientError("SlowDown", 503) if len(tries) % 2 else ClientError("TooManyRequests", 429)
+        return b"ok"
+
+    patient = Retry(attempts=3, backoff=0.001, max_backoff=0.002, throttled_s=30)
+    assert call(busy, url="s3://b/k", what="GET", retry=patient, stats=stats) == b"ok"
+    assert stats.dict()["retries"] == 11
+
+    def always() -> bytes:
+        raise ClientError("SlowDown", 503)
+
+    with pytest.raises(StorageError, match=r"kept throttling it for 0.05s \(Retry.throttled_s\)") as err:
+        call(always, url="s3://b/k", what="GET", retry=Retry(attempts=3, backoff=0.001, throttled_s=0.05))
+    assert err.value.attempts > 3
+    with pytest.raises(StorageError, match="failed 3 times"):  # throttled_s=0: a throttled try is any try
+        call(always, url="s3://b/k", what="GET", retry=Retry(attempts=3, backoff=0.001, throttled_s=0))
+    reset = 0
+
+    def mixed() -> bytes:  # throttled answers do not use up the attempts; resets do
+        nonlocal reset
+        reset += 1
+        raise ClientError("SlowDown", 503) if reset % 3 else ConnectionResetError(104, "reset")
+
+    with pytest.raises(StorageError, match="Connection|reset"):
+        call(mixed, url="s3://b/k", what="GET", retry=Retry(attempts=3, backoff=0.001, throttled_s=30))
+    assert reset == 9  # the third reset ends it, after six throttled answers
 
 
 def test_sizes_are_read_as_people_write_them() -> None:

@@ -86,7 +86,7 @@ def test_retries_that_run_out_raise_an_error_naming_the_url_and_no_secret(
 ) -> None:
     url = s3.upload(make_shards(tmp_path / "data", [5]), bucket, "web")
     with FaultProxy(("127.0.0.1", s3.port), every=1, kinds=("503",)) as proxy:
-        settings = storage(s3, tmp_path, proxy.endpoint, retry=Retry(attempts=3, backoff=0.01))
+        settings = storage(s3, tmp_path, proxy.endpoint, retry=Retry(attempts=3, backoff=0.01, throttled_s=0))
         with pytest.raises(tidal.StorageError) as err:
             tidal.Dataset(url, storage=settings)
     message = str(err.value)

@@ -84,7 +84,7 @@ SOURCE = (
     "storage_options_removed",  # written by to_config(), for the reader; not used
 )
 STORAGE = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend", "index_url", "publish_index", "retry")
-RETRY = ("attempts", "backoff", "max_backoff")
+RETRY = ("attempts", "backoff", "max_backoff", "throttled_s")
 MIX = ("streams", "weights", "seed", "stop", "choose", "repeat", "epoch_size")
 SCHEDULE = {"piecewise": (), "linear": ("start", "end", "steps"), "cosine": ("start", "end", "steps")}
 STEPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # method: (required, optional)

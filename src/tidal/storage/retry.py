@@ -112,15 +112,22 @@ class Retry:
 
     ``attempts`` counts every try, the first included. Wait ``i`` (from 0) is uniform in
     ``[0, min(max_backoff, backoff * 2**i)]`` seconds.
+
+    A store that says it is *throttling* (429, ``SlowDown``, ``Throttling``...) is up and asks
+    for fewer requests: such answers do not use up ``attempts``; the request is tried again,
+    with the same backoff, for up to ``throttled_s`` seconds from its first try. So a job under
+    sustained throttling slows down rather than fails. ``throttled_s=0``: a throttled try counts
+    as any other.
     """
 
     attempts: int = 8
     backoff: float = 0.25
     max_backoff: float = 20.0
+    throttled_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0:
-            raise ValueError("attempts must be at least 1 and backoffs at least 0")
+        if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0 or self.throttled_s < 0:
+            raise ValueError("attempts must be at least 1, and backoffs and throttled_s at least 0")
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
@@ -143,6 +150,32 @@ def transient(exc: BaseException) -> bool:
     if _PERMANENT_TEXT.search(text):
         return False
     return bool(_TRANSIENT_TEXT.search(text))
+
+
+_THROTTLE_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "BandwidthLimitExceeded",
+    "EC2ThrottledException",
+}
+_THROTTLE_TEXT = re.compile(r"SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|(?<![\d.])429(?![\d.])|rateLimitExceeded")
+
+
+def throttled(exc: BaseException) -> bool:
+    """Whether the store answered that it is throttling (429, ``SlowDown``...): up, and asking for
+    fewer requests, which is worth more patience than a store that does not answer."""
+    for e in _chain(exc):
+        code, status = _code_and_status(e)
+        if status == 429 or code in _THROTTLE_CODES:
+            return True
+    return bool(_THROTTLE_TEXT.search(" ".join(str(e) for e in _chain(exc))))
 
 
 def _judge(e: BaseException) -> bool | None:
@@ -180,27 +213,33 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
     """
     start = time.monotonic()
     url = redact(url)  # a signed URL's query string is a credential
-    for attempt in range(retry.attempts):
+    tries = failures = 0  # failures: the tries that use up attempts (not throttled ones)
+    while True:
         try:
             return fn()
         except StorageError:
             raise
         except Exception as exc:
+            tries += 1
             if not transient(exc):
-                raise StorageError(f"{url}: {what} failed: {describe(exc)}", url=url, attempts=attempt + 1) from _clean(
-                    exc
-                )
-            if attempt + 1 >= retry.attempts:
+                raise StorageError(f"{url}: {what} failed: {describe(exc)}", url=url, attempts=tries) from _clean(exc)
+            took = time.monotonic() - start
+            if throttled(exc) and retry.throttled_s > 0:
+                over = took >= retry.throttled_s
+                why = f"the store kept throttling it for {retry.throttled_s:g}s (Retry.throttled_s)"
+            else:
+                failures += 1
+                over = failures >= retry.attempts
+                why = "transient errors, retried with backoff"
+            if over:
                 raise StorageError(
-                    f"{url}: {what} failed {retry.attempts} times in {time.monotonic() - start:.1f}s "
-                    f"(transient errors, retried with backoff); last error: {describe(exc)}",
+                    f"{url}: {what} failed {tries} times in {took:.1f}s ({why}); last error: {describe(exc)}",
                     url=url,
-                    attempts=attempt + 1,
+                    attempts=tries,
                 ) from _clean(exc)
             if stats is not None:
                 stats.add(retries=1)
-            time.sleep(retry.delay(attempt, _rng))
-    raise AssertionError("unreachable")
+            time.sleep(retry.delay(min(tries - 1, 32), _rng))
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

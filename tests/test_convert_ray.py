@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tidal.cli import main
 from tidal.convert import convert
 
 pytestmark = pytest.mark.slow
+pytest_plugins = ["s3_fixtures"]
 
 ray = pytest.importorskip("ray")
 
@@ -85,3 +87,13 @@ def test_cli_engine_ray_writes_token_shards(
     want = [r["input_ids"] for r in tok(str(tmp_path / "tokenizer.json"))]
     got = [r["input_ids"] for r in tidal.Dataset(str(tmp_path / "tok"))]
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)) and len(got) == 100
+
+
+def test_tidal_index_counts_a_remote_dataset_in_ray_tasks(
+    tmp_path: Path, local_ray: None, s3: Any, bucket: str
+) -> None:
+    url = s3.upload(make_shards(tmp_path / "src", [30] * 70, kinds=("jsonl.zst", "parquet")), bucket, "web")
+    shards = tidal.index(url, storage_options=s3.options(), cache_dir=tmp_path / "c", engine="ray", workers=2)
+    assert len(shards) == 70 and shards.total == 2100
+    ds = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "node")
+    assert ds.shards == shards and sorted(r["id"] for r in ds) == list(range(2100))

@@ -269,4 +269,7 @@ def test_a_block_of_hundreds_of_remote_files_reads_as_the_local_one_does(
     assert sorted(want) == list(range(2 * FILES))
     it = remote.iterator()
     assert [key(r) for r in it] == want
-    assert it.stats()["cache_misses"] == 2 * FILES
+    stats = it.stats()
+    assert (
+        stats["cache_misses"] + stats["cache_hits"] == 2 * FILES
+    )  # each file opened once (JSONL: counted from a copy)

@@ -80,13 +80,14 @@ class StorageError(TidalError, OSError):
     for code. It is an ``OSError``, so code that handles I/O errors handles it too.
     """
 
-    def __init__(self, message: str, *, url: str = "", attempts: int = 0):
+    def __init__(self, message: str, *, url: str = "", attempts: int = 0, permanent: bool = False):
         super().__init__(message)
         self.url, self.attempts = url, attempts
+        self.permanent = permanent  # refused for good (not found, denied): another try would not help
 
     def __reduce__(self) -> tuple:  # keep the message when pickled across processes
-        return (_storage_error, (str(self), self.url, self.attempts))
+        return (_storage_error, (str(self), self.url, self.attempts, self.permanent))
 
 
-def _storage_error(message: str, url: str, attempts: int) -> StorageError:
-    return StorageError(message, url=url, attempts=attempts)
+def _storage_error(message: str, url: str, attempts: int, permanent: bool = False) -> StorageError:
+    return StorageError(message, url=url, attempts=attempts, permanent=permanent)

@@ -37,7 +37,7 @@ from tidal.errors import SourceError, StorageError
 from tidal.index_file import INDEX_NAME, Entries, loads
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
-from tidal.storage.retry import redact, transient
+from tidal.storage.retry import redact
 from tidal.storage.urls import protocol
 
 log = logging.getLogger("tidal")
@@ -102,7 +102,7 @@ def read(remote: Remote, url: str, root: str) -> Published | None:
     except SourceError:
         return None
     except StorageError as exc:
-        if exc.__cause__ is not None and not transient(exc.__cause__):  # not there, or not ours to read
+        if exc.permanent:  # not there, or not ours to read
             return None
         where = redact(root)  # the dataset is what could not be opened: name it first
         raise StorageError(f"{where}: cannot open the dataset: {exc}", url=where, attempts=exc.attempts) from exc

@@ -348,9 +348,11 @@ def _index_remote(
         with locked(where):  # the processes of this machine count once, the first for all
             entries = load(where)
             todo = [j for j, u in enumerate(urls) if not _fresh_remote(entries.get(keys[j]), stats[u])]
-            if todo:  # published indexes may know them
-                for published in _published_for(remote, sources, urls, root):
-                    todo = _seed(entries, published, urls, keys, stats, todo, format)
+            if not todo:  # every entry known as it is: nothing to write (the cache may be read-only)
+                progress(len(urls))
+                return _shards(urls, entries, [entries.at[k] for k in keys], format, errors)
+            for published in _published_for(remote, sources, urls, root):  # published indexes may know them
+                todo = _seed(entries, published, urls, keys, stats, todo, format)
             progress(len(urls) - len(todo))
             if todo:
                 counting = _Counting(urls, keys, stats, format, fetcher, entries, where, progress)

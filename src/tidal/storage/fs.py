@@ -243,7 +243,11 @@ class Remote:
             name = where.rstrip("/").rsplit("/", 1)[-1]
             files = {}
             if self.protocol not in ("http", "https") and (entry.endswith("/") or keep is None or not keep(name)):
-                files = self._find(entry, keep)  # named like a directory: one LIST, no HEAD first
+                try:
+                    files = self._find(entry, keep)  # named like a directory: one LIST, no HEAD first
+                except StorageError as exc:
+                    if not exc.permanent:
+                        raise  # not there as a directory: what it is, the stat below says
             if not files:
                 info = self._info(entry)
                 if info.get("type") == "directory" or entry.endswith("/"):  # http(s): a page of links

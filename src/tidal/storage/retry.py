@@ -222,7 +222,9 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
         except Exception as exc:
             tries += 1
             if not transient(exc):
-                raise StorageError(f"{url}: {what} failed: {describe(exc)}", url=url, attempts=tries) from _clean(exc)
+                raise StorageError(
+                    f"{url}: {what} failed: {describe(exc)}", url=url, attempts=tries, permanent=True
+                ) from _clean(exc)
             took = time.monotonic() - start
             if throttled(exc) and retry.throttled_s > 0:
                 over = took >= retry.throttled_s

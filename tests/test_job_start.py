@@ -8,6 +8,7 @@ Several "nodes" are several cache directories; ranks are real processes.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from fault_proxy import FaultProxy
 
 import tidal
 from tidal.index_file import read_index
+from tidal.storage import Storage
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ["s3_fixtures"]
@@ -253,3 +255,22 @@ def test_under_torch_distributed_rank_0_opens_the_dataset_for_every_rank(
     ]  # one listing for the job (and a look for a published index)
     footers = {p for p, r in requests.gets(".parquet") if r is not None and not r.startswith("bytes=0-")}
     assert len(footers) <= 40  # counted once, by rank 0
+
+
+def test_a_job_that_may_not_publish_warns_once_naming_tidal_index_and_the_bytes(
+    s3: Any, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = jsonl_corpus(tmp_path / "data", files=6)
+    size = sum(p.stat().st_size for p in data.iterdir())
+    caplog.set_level(logging.WARNING, logger="tidal")
+    for name, kwargs, why in [
+        ("off", {"publish_index": False}, "publish_index is off"),
+        ("denied", {"index_url": f"s3://{bucket}-no-such-bucket/index.json"}, "it may not write"),
+    ]:
+        url = s3.upload(data, bucket, name)
+        caplog.clear()
+        storage = Storage(options=s3.options(), cache_dir=str(tmp_path / name), **kwargs)
+        assert tidal.Dataset(url, storage=storage).num_records == 120
+        warned = [r.getMessage() for r in caplog.records if "tidal index" in r.getMessage()]
+        assert len(warned) == 1 and why in warned[0] and f"{size:,} bytes" in warned[0], warned
+        assert f"tidal index {url}" in warned[0]

@@ -43,7 +43,7 @@ import numpy as np
 from tidal.errors import FormatError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
 from tidal.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
-from tidal.published import Claim, Published, Sources, publish, wait_for
+from tidal.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
 from tidal.published import read as read_published
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
@@ -533,7 +533,14 @@ def _warn_counting(
         return
     _warned.add(root)
     size = sum(stats[urls[j]].size for j in whole)
-    why = f"it may not write {redact(denied)}" if denied else "publish_index is off"
+    if denied:
+        why = f"it may not write {redact(denied)}"
+    elif not storage.publish_index:
+        why = "publish_index is off"
+    elif protocol(urls[0]) not in PUBLISHES:
+        why = f"a job does not write to {protocol(urls[0])}:// (only to object stores)"
+    else:
+        why = "the source names no directory to publish it in"
     log.warning(
         "%s: no index is published beside the data and %s, so this node downloads %d files (%s bytes) to count "
         "their records, as every node of the job does; run `tidal index %s` once to publish one",

@@ -290,3 +290,22 @@ def test_a_batch_stacks_plain_numbers_and_says_which_records_do_not_match(tmp_pa
         list(tidal.Dataset(path).map(lambda r: r["id"]).batch(2))
     with pytest.raises(TypeError, match=r"same fields: \['id'\] and int"):
         list(tidal.Dataset(path).map(lambda r: r if r["id"] == 0 else 1).batch(2))
+
+
+def test_a_name_with_brackets_is_a_name_and_globs_below_it_still_work(tmp_path: Path) -> None:
+    root = tmp_path / "corpus [v2]"
+    (root / "sub").mkdir(parents=True)
+    for i in range(3):
+        write_jsonl(root / f"a{i}.jsonl", [{"id": i}])
+    write_jsonl(root / "sub" / "b.jsonl", [{"id": 9}])
+
+    def ids(src: Path | str) -> list[int]:
+        return sorted(r["id"] for r in tidal.Dataset(src))
+
+    assert ids(root) == [0, 1, 2, 9]
+    assert ids(root / "a1.jsonl") == [1]
+    assert ids(f"{root}/*.jsonl") == [0, 1, 2]
+    assert ids(f"{root}/**/*.jsonl") == [0, 1, 2, 9]
+    assert ids(f"{root}/a[02].jsonl") == [0, 2]  # below the name, [ ] is a pattern again
+    with pytest.raises(tidal.SourceError, match=r"corpus \[v3\]: the pattern .* no file or directory has this name"):
+        tidal.Dataset(tmp_path / "corpus [v3]")

@@ -104,20 +104,22 @@ def remote_root(entry: str) -> str | None:
 
 def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
     path = os.path.abspath(os.path.expanduser(local_path(entry)))
-    if glob.has_magic(path):
+    if not os.path.exists(path) and glob.has_magic(path):  # a name with [ ] that exists is a name
         root = _glob_root(path)
-        if "**" in path:  # searched by the same walk as a directory: links checked, cycles cut
-            pattern = glob_pattern(path[len(root) :].lstrip(os.sep))
+        rest = path[len(root) :].lstrip(os.sep)
+        if "**" in rest:  # searched by the same walk as a directory: links checked, cycles cut
+            pattern = glob_pattern(rest)
             rel = len(root.rstrip(os.sep)) + 1
             matches = [(p, real) for p, real in _walk(root, follow_links) if pattern.fullmatch(p[rel:])]
         else:
             reals = _Reals()
-            matches = [(p, reals(p)) for p in glob.glob(path) if os.path.isfile(p)]
+            where = os.path.join(glob.escape(root), rest)  # the root's own [ ] are its name
+            matches = [(p, reals(p)) for p in glob.glob(where) if os.path.isfile(p)]
         kept = [(p, real) for p, real in matches if not os.path.basename(p).startswith(".")]
         real_root = os.path.realpath(root)
         found = _once(sorted(m for m in kept if _inside(*m, root, real_root, follow_links)))
         if not found:
-            raise SourceError(f"{entry}: the pattern matches no file")
+            raise SourceError(f"{entry}: the pattern matches no file (and no file or directory has this name)")
     elif os.path.isdir(path):
         found = _directory_files(path, follow_links)
         if not found:
@@ -257,9 +259,15 @@ def _once(found: list[tuple[str, str]]) -> list[str]:
 
 
 def _glob_root(pattern: str) -> str:
-    """The directory a glob searches under: its longest leading part without a wildcard."""
+    """The directory a glob searches under: its longest leading part that is a directory or has no
+    wildcard (a directory named ``corpus [v2]`` is a name, not a pattern)."""
     parts = pattern.split(os.sep)
-    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    fixed = 0
+    while fixed < len(parts) - 1:
+        here = os.sep.join(parts[: fixed + 1]) or os.sep
+        if glob.has_magic(parts[fixed]) and not os.path.isdir(here):
+            break
+        fixed += 1
     return os.sep.join(parts[:fixed]) or os.sep
 
 

@@ -127,3 +127,10 @@ def test_entries_put_many_is_put_of_each(tmp_path: Path) -> None:
     many.put_many(list(first), list(first.values()))
     many.put_many(list(later), list(later.values()))  # a new key and one scanned again
     assert many.to_json() == one.to_json() and many.at == one.at and many.get("a") == later["a"]
+
+
+def test_indexing_a_directory_leaves_nothing_in_it_but_the_index(tmp_path: Path) -> None:
+    data = make_shards(tmp_path / "data", [3, 4])
+    before = set(os.listdir(data))
+    tidal.Dataset(data)
+    assert set(os.listdir(data)) - before == {".tidal-index.json"}

@@ -43,10 +43,16 @@ except ImportError:
 
 
 class locked:
-    """An exclusive lock beside the index; the kernel drops it when its process dies."""
+    """An exclusive lock of an index file; the kernel drops it when its process dies. Its file is
+    beside an index in tidal's own directories, and in tidal's cache directory for one in a
+    dataset's directory, which is left as it was but for the index itself."""
 
     def __init__(self, where: Path):
-        self._path = where.with_name(where.name + ".lock")
+        if where.name == INDEX_NAME:
+            digest = hashlib.sha1(str(where.resolve()).encode()).hexdigest()[:20]
+            self._path = env.cache_dir() / "locks" / f"{digest}.lock"
+        else:
+            self._path = where.with_name(where.name + ".lock")
 
     def __enter__(self) -> None:
         mkdirs(self._path.parent)  # never world-writable, whatever the umask

@@ -210,6 +210,30 @@ def test_bench_without_torch_reads_in_process(data: Path) -> None:
     assert "throughput at full speed, records/s" in out.stdout
 
 
+def test_bench_packs_a_column_of_token_ids_named_with_column(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    ids = pa.array([list(range(i, i + 7 + i % 5)) for i in range(200)], pa.list_(pa.uint16()))
+    pq.write_table(pa.table({"id": list(range(200)), "tokens": ids}), tmp_path / "t.parquet")
+    out = tidal_cli("bench", str(tmp_path / "t.parquet"), "--pack", "16", "--column", "tokens", "--no-torch",
+                    "--seconds", "0.5", "--batch", "4")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert ".pack(16" in out.stdout and "column='tokens'" in out.stdout and "tokens/s" in out.stdout
+
+
+def test_version_and_follow_links_on_the_command_line(tmp_path: Path) -> None:
+    out = tidal_cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"tidal {tidal.__version__}"
+    outside = make_shards(tmp_path / "outside", [5])
+    data = make_shards(tmp_path / "data", [3])
+    (data / "more").symlink_to(outside, target_is_directory=True)
+    refused = one_line_error(tidal_cli("inspect", str(data), "--no-progress"), "inspect")
+    assert "--follow-links" in refused
+    out = tidal_cli("inspect", str(data), "--follow-links", "--no-progress", "--samples", "0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("2 shards, 8 records")
+
+
 # -- plan ---------------------------------------------------------------------------------------
 
 

@@ -58,8 +58,8 @@ def __getattr__(name: str) -> Any:
         from tidal.loader import DataLoader
 
         return DataLoader
-    if name == "jax":  # the module tidal.jax imports JAX: only when asked for
+    if name in ("jax", "testing"):  # tidal.jax imports JAX: only when asked for; tidal.testing, the checks
         import importlib
 
-        return importlib.import_module("tidal.jax")
+        return importlib.import_module(f"tidal.{name}")
     raise AttributeError(f"module 'tidal' has no attribute {name!r}")

@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 
+from tidal import __version__
 from tidal.commands import MODULES
 
 # errors that say what is wrong in their message; anything else is reported with its type
@@ -25,6 +26,7 @@ def parser() -> argparse.ArgumentParser:
         prog="tidal", description="Stream training data larger than memory into PyTorch and JAX training."
     )
     top.add_argument("-v", "--verbose", action="store_true", help="print the traceback of an error")
+    top.add_argument("--version", action="version", version=f"tidal {__version__}")
     # the same flag after the command; SUPPRESS: a command without it keeps what came before it
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(

@@ -278,5 +278,5 @@ def _inside(path: str, real: str, root: str, real_root: str, follow_links: bool)
         return True
     raise SourceError(
         f"{path}: a symbolic link to {real}, outside the dataset's root {root}; "
-        "pass follow_links=True to read what links outside the root"
+        "pass follow_links=True (--follow-links on the command line) to read what links outside the root"
     )

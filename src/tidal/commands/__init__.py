@@ -62,6 +62,11 @@ def add_source(p: argparse.ArgumentParser, *, what: str) -> None:
     p.add_argument(
         "--cache-dir", default=None, help="the shard cache for remote data (default ~/.cache/tidal/shards/...)"
     )
+    p.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="read files that symbolic links under a directory lead to outside it (tidal.Dataset's follow_links=True)",
+    )
     add_progress(p)
 
 
@@ -128,13 +133,14 @@ def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
     if args.url is None:
         raise ValueError("give a URL (a file, directory, glob or fsspec URL) or --config PIPELINE")
     options = storage_options(args.storage_option)
-    kwargs: dict[str, Any] = {"storage_options": options or None, "cache_dir": args.cache_dir}
+    follow = bool(getattr(args, "follow_links", False))
+    kwargs: dict[str, Any] = {"storage_options": options or None, "cache_dir": args.cache_dir, "follow_links": follow}
     if progress_on(args):
-        _index_with_bar(args.url, args.format, options, args.cache_dir)
+        _index_with_bar(args.url, args.format, options, args.cache_dir, follow)
     return Dataset(args.url, columns(args.columns), args.format, errors, **kwargs)
 
 
-def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str | None) -> None:
+def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str | None, follow_links: bool) -> None:
     from dataclasses import replace
 
     from tidal.hf_datasets import resolve as resolve_hf
@@ -148,7 +154,7 @@ def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str 
         return
     settings = replace(Storage(), options=options, cache_dir=cache_dir)
     sources = Sources()  # as tidal.Dataset opens it: from a published index where there is one
-    found = listing(src, settings, format=fmt, sources=sources)
+    found = listing(src, settings, follow_links, format=fmt, sources=sources)
     bar = Bar(len(found), "index", "file", True)
     try:
         index(list(found), fmt, "skip", settings.for_files(found), found, progress=bar.update, sources=sources)

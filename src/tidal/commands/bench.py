@@ -49,7 +49,12 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--tokenize", default=None, metavar="TOKENIZER", help="tokenizer.json (or its directory) to tokenize with"
     )
-    p.add_argument("--column", default="text", help="the text column to tokenize (default text)")
+    p.add_argument(
+        "--column",
+        default=None,
+        help="with --tokenize, the text column to tokenize (default text); without it, the column of token ids "
+        "--pack packs (default input_ids)",
+    )
     p.add_argument(
         "--pack", type=int, default=None, metavar="SEQ_LEN", help="pack token ids into sequences of SEQ_LEN tokens"
     )
@@ -112,15 +117,15 @@ def pipeline(args: argparse.Namespace) -> Dataset:
             raise ValueError(f"{', '.join(given)}: the pipeline comes from --config; change it there")
         return open_dataset(args)
     if args.tokenize and args.columns is None:
-        args.columns = args.column  # read only the text
+        args.columns = args.column or "text"  # read only the text
     ds = open_dataset(args)
     if args.shuffle is not None:
         ds = ds.shuffle(seed=args.shuffle)
     ds = ds.repeat()
     if args.tokenize:
-        ds = ds.tokenize(args.tokenize, column=args.column)
+        ds = ds.tokenize(args.tokenize, column=args.column or "text")
     if args.pack:
-        ds = ds.pack(args.pack)
+        ds = ds.pack(args.pack) if args.tokenize or args.column is None else ds.pack(args.pack, column=args.column)
     return ds.batch(args.batch)
 
 

@@ -14,6 +14,7 @@ from tidal.dataset import Dataset, mix
 from tidal.errors import (
     ConfigError,
     FormatError,
+    MissingDependency,
     RecordError,
     SchemaError,
     SourceError,
@@ -36,6 +37,7 @@ __all__ = [
     "Dataset",
     "FormatError",
     "Linear",
+    "MissingDependency",
     "Piecewise",
     "RecordError",
     "SchemaError",

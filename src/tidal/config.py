@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import ConfigError, TidalError
+from tidal.errors import ConfigError, MissingDependency, TidalError, needs
 from tidal.stages.mix import SCHEDULES
 from tidal.stages.transform import resolve
 from tidal.storage.config import Storage
@@ -136,10 +136,10 @@ def load(config: Mapping | str | os.PathLike) -> dict:
         elif suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as exc:  # a syntax error of any of the three (or no pyyaml)
+            data = needs("yaml", "a YAML config", "cli").safe_load(text)
+    except MissingDependency:
+        raise
+    except Exception as exc:  # a syntax error of any of the three
         raise ConfigError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top, found {type(data).__name__}")

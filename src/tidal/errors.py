@@ -8,6 +8,8 @@
     │                        disagree on their columns: never skipped by ``errors="skip"``
     ├── RecordError          one bad record: names the file and its line or row
     ├── StateError           a saved state that does not fit the dataset or loader
+    ├── MissingDependency    an optional package a feature needs is not installed (also
+    │                        ImportError): names the ``pip install`` that adds it
     ├── ConfigError          a pipeline config that is malformed (names the key), or a dataset
     │                        that cannot be written as one (a lambda, a tokenizer object...)
     └── StorageError         a remote read that failed for good, a cache that cannot hold a
@@ -21,6 +23,8 @@ one of these, naming the file, with the original as ``__cause__`` where it helps
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class TidalError(Exception):
@@ -65,6 +69,22 @@ class RecordError(TidalError, ValueError):
 
 class StateError(TidalError, ValueError):
     """A saved state that does not describe this dataset or loader."""
+
+
+class MissingDependency(TidalError, ImportError):
+    """An optional package a feature needs is not installed; the message names the ``pip install``."""
+
+
+def needs(module: str, feature: str, extra: str) -> Any:
+    """``import module``, or a :class:`MissingDependency` saying which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependency(
+            f"{feature} needs the {module} package, which is not installed: pip install 'tidal[{extra}]' ({exc})"
+        ) from None
 
 
 class ConfigError(TidalError, ValueError):

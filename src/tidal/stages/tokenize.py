@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tidal import env
-from tidal.errors import ConfigError, TidalError
+from tidal.errors import ConfigError, FormatError, TidalError, needs
 from tidal.stages import Context, StageIterator, Stateless, Step, add_stats
 from tidal.state.view import View
 from tidal.tables import Table, records
@@ -52,18 +52,22 @@ def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
     hf_eos: int | None = None
     given = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else None
     if isinstance(tokenizer, dict) and set(tokenizer) == {"json"}:  # as to_config() writes one
-        from tokenizers import Tokenizer as Rust
-
-        tokenizer = Rust.from_str(tokenizer["json"])
+        rust = needs("tokenizers", "tokenize()", "tokenize").Tokenizer
+        try:
+            tokenizer = rust.from_str(tokenizer["json"])
+        except Exception as exc:  # tokenizers raises a bare Exception for what it cannot parse
+            raise ConfigError(f"tokenize: the tokenizer's json is not one tokenizers reads: {exc}") from None
     if isinstance(tokenizer, (str, os.PathLike)):
-        from tokenizers import Tokenizer as Rust
-
+        rust = needs("tokenizers", "tokenize()", "tokenize").Tokenizer
         path = os.fspath(tokenizer)
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(path):
             raise TidalError(f"{tokenizer}: no tokenizer.json there")
-        backend = Rust.from_file(path)
+        try:
+            backend = rust.from_file(path)
+        except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise FormatError(f"{path}: not a tokenizer.json that tokenizers reads: {exc}") from None
     elif hasattr(tokenizer, "encode_batch_fast") or hasattr(tokenizer, "encode_batch"):
         backend = tokenizer
     elif hasattr(tokenizer, "backend_tokenizer") or callable(tokenizer):
@@ -71,7 +75,7 @@ def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None) or tokenizer
     else:
         raise TypeError(f"not a tokenizer: {type(tokenizer).__name__}")
-    vocab = backend.get_vocab_size() if hasattr(backend, "get_vocab_size") else len(backend)  # type: ignore[arg-type]
+    vocab = backend.get_vocab_size() if hasattr(backend, "get_vocab_size") else len(backend)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
     return Tokenizer(backend, _eos_id(backend, eos, hf_eos), dtype, given)
 

@@ -155,3 +155,33 @@ def test_an_elastic_restore_continues_the_weight_schedule(streams) -> None:
     resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
     rest = [s for b in itertools.islice(resumed, 16) for s in b["src"]]  # draws 1536 .. 2560 overall
     assert rest[:400].count("code") == 0 and rest[-400:].count("web") == 0
+
+
+def test_options_that_cannot_hold_are_errors_at_once(streams) -> None:
+    for weights in ({"web": float("nan"), "code": 1}, {"web": float("inf"), "code": 1}, {"web": -1, "code": 2}):
+        with pytest.raises(tidal.ArgumentError, match="weights must be finite, non-negative"):
+            tidal.mix(streams, weights=weights)
+    with pytest.raises(tidal.ArgumentError, match="choose for stream 'web' must be a whole number"):
+        tidal.mix(streams, choose={"web": -5})
+    with pytest.raises(tidal.ArgumentError, match="repeat for stream 'code' must be a non-negative number"):
+        tidal.mix(streams, repeat={"code": float("nan")})
+    with pytest.raises(tidal.ArgumentError, match="epoch_size must be a whole number"):
+        tidal.mix(streams, weights=[1, 1], epoch_size=0)
+
+
+def test_a_count_a_stream_that_does_not_repeat_cannot_reach_is_an_error_at_once(tmp_path: Path) -> None:
+    web, code = stream(tmp_path, "web", 300), stream(tmp_path, "code", 40)
+    with pytest.raises(tidal.ArgumentError, match=r"stream 'code' is asked for 80 records, but it holds 40"):
+        tidal.mix({"web": web, "code": code}, repeat={"code": 2.0})  # first_exhausted would end the mixture early
+    with pytest.raises(tidal.ArgumentError, match=r"stream 'web' is asked for 3,000 records"):
+        tidal.mix({"web": web, "code": code}, choose={"web": 3000})
+    assert tidal.mix({"web": web, "code": code.repeat()}, repeat={"code": 2.0}).num_records  # it repeats: fine
+    assert tidal.mix({"web": web, "code": code}, repeat={"code": 2.0}, stop="never")  # read again past its end
+
+
+def test_every_argument_error_is_a_tidal_error_and_still_a_value_error(streams) -> None:
+    ds = streams["web"]
+    for call in (lambda: ds.batch(0), lambda: ds.pack(0), lambda: ds.shuffle(seed=-1), lambda: tidal.mix([])):
+        with pytest.raises(tidal.ArgumentError) as err:
+            call()
+        assert isinstance(err.value, tidal.TidalError) and isinstance(err.value, ValueError)

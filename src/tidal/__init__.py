@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidal.dataset import Dataset, mix
 from tidal.errors import (
+    ArgumentError,
     ConfigError,
     FormatError,
     MissingDependency,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from tidal.loader import DataLoader
 
 __all__ = [
+    "ArgumentError",
     "ConfigError",
     "Cosine",
     "DataLoader",

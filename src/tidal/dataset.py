@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from tidal.discover import open_shards
+from tidal.errors import ArgumentError
 from tidal.formats import Errors, check_columns, check_errors, check_options
 from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
@@ -188,7 +189,7 @@ class Dataset:
 
     def _before_batch(self, what: str) -> None:
         if self.batched:
-            raise ValueError(f"{what}() must come before batch()")
+            raise ArgumentError(f"{what}() must come before batch()")
 
     def shuffle(
         self,
@@ -207,9 +208,9 @@ class Dataset:
         """
         self._before_batch("shuffle")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+            raise ArgumentError(f"seed must be a non-negative int, not {seed!r}")
         if block_size < 1 or shards_per_block < 1:
-            raise ValueError("block_size and shards_per_block must be at least 1")
+            raise ArgumentError("block_size and shards_per_block must be at least 1")
         options = {"seed": seed, "block_size": block_size, "shards_per_block": shards_per_block}
         return self._then(self._stage.with_source(_SetPlan(options)))
 
@@ -220,7 +221,7 @@ class Dataset:
         """
         self._before_batch("repeat")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
-            raise ValueError(f"epochs must be at least 1 or None, not {epochs!r}")
+            raise ArgumentError(f"epochs must be at least 1 or None, not {epochs!r}")
         return self._then(self._stage.with_source(_SetPlan({"epochs": epochs})))
 
     def map(self, fn: Callable[[Any], Any]) -> Dataset:
@@ -257,12 +258,12 @@ class Dataset:
         """
         self._before_batch("batch")
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"batch size must be an int of at least 1, not {size!r}")
+            raise ArgumentError(f"batch size must be an int of at least 1, not {size!r}")
         if continuous:
             from tidal.stages.continuous import ContinuousBatch
 
             if not drop_last:
-                raise ValueError("batch(continuous=True) keeps whole batches only: drop drop_last=False")
+                raise ArgumentError("batch(continuous=True) keeps whole batches only: drop drop_last=False")
             return self._then(ContinuousBatch(self._stage, size))
         return self._then(Batch(self._stage, size, bool(drop_last)))
 
@@ -320,9 +321,9 @@ class Dataset:
 
         self._before_batch("pack")
         if strategy not in ("concat", "best_fit"):
-            raise ValueError(f"strategy must be 'concat' or 'best_fit', not {strategy!r}")
+            raise ArgumentError(f"strategy must be 'concat' or 'best_fit', not {strategy!r}")
         if seq_len < 1 or buffer_size < 1:
-            raise ValueError("seq_len and buffer_size must be at least 1")
+            raise ArgumentError("seq_len and buffer_size must be at least 1")
         if pad_id is None:
             tokenizers = [s for s in walk(self._stage) if isinstance(s, Tokenize)]  # into mixed streams too
             known = eos if eos is not None else tokenizers[0].tokenizer.eos_id if tokenizers else None
@@ -519,5 +520,5 @@ def mix(
     named = list(datasets.items()) if isinstance(datasets, Mapping) else [(str(i), d) for i, d in enumerate(datasets)]
     for n, d in named:
         if not isinstance(d, Dataset):
-            raise TypeError(f"mix(): stream {n!r} is a {type(d).__name__}, not a tidal.Dataset")
+            raise ArgumentError(f"mix(): stream {n!r} is a {type(d).__name__}, not a tidal.Dataset")
     return Dataset.of(mix_stage([(n, d.stage) for n, d in named], weights, seed, stop, choose, repeat, epoch_size))

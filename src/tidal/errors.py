@@ -8,6 +8,8 @@
     │                        disagree on their columns: never skipped by ``errors="skip"``
     ├── RecordError          one bad record: names the file and its line or row
     ├── StateError           a saved state that does not fit the dataset or loader
+    ├── ArgumentError        an argument a method or class does not accept, raised when it is
+    │                        called (also ValueError and TypeError): names it and what it takes
     ├── MissingDependency    an optional package a feature needs is not installed (also
     │                        ImportError): names the ``pip install`` that adds it
     ├── ConfigError          a pipeline config that is malformed (names the key), or a dataset
@@ -69,6 +71,11 @@ class RecordError(TidalError, ValueError):
 
 class StateError(TidalError, ValueError):
     """A saved state that does not describe this dataset or loader."""
+
+
+class ArgumentError(TidalError, ValueError, TypeError):
+    """An argument a method or class does not accept: raised when it is called, naming it and what
+    it takes. Also a ``ValueError`` and a ``TypeError``, what Python's own functions raise."""
 
 
 class MissingDependency(TidalError, ImportError):

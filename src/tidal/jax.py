@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from tidal.bundle import int32_ids, numeric, round_robin, side_by_side, steps
 from tidal.dataset import Dataset
-from tidal.errors import TidalError
+from tidal.errors import ArgumentError, TidalError
 from tidal.pool import Ahead, Pool, WorkerType
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
@@ -103,20 +103,20 @@ class Loader:
         batch_size: int | None = None,
     ):
         if not isinstance(dataset, Dataset):
-            raise TypeError(f"tidal.jax.Loader takes a tidal.Dataset, not {type(dataset).__name__}")
+            raise ArgumentError(f"tidal.jax.Loader takes a tidal.Dataset, not {type(dataset).__name__}")
         if batch_size is not None:
             if dataset.batched:
-                raise ValueError("the dataset is already batched; drop batch_size= or the .batch() call")
+                raise ArgumentError("the dataset is already batched; drop batch_size= or the .batch() call")
             dataset = dataset.batch(batch_size)
         if not isinstance(dataset.stage, Batch):
-            raise ValueError("tidal.jax.Loader makes global arrays of batches: end the dataset with .batch(n)")
+            raise ArgumentError("tidal.jax.Loader makes global arrays of batches: end the dataset with .batch(n)")
         if sharding is not None and not isinstance(sharding, Sharding):
-            raise TypeError(f"sharding must be a jax.sharding.Sharding, not {type(sharding).__name__}")
+            raise ArgumentError(f"sharding must be a jax.sharding.Sharding, not {type(sharding).__name__}")
         if worker_type not in ("thread", "process"):
-            raise ValueError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
+            raise ArgumentError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
         for name, value in (("num_workers", num_workers), ("prefetch", prefetch)):
             if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, not {value!r}")
+                raise ArgumentError(f"{name} must be a non-negative int, not {value!r}")
         self.dataset = dataset
         self.batch_size = dataset.stage.size
         self._sharding = sharding

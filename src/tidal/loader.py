@@ -39,7 +39,7 @@ from tidal import env, shm
 from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
 from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
-from tidal.errors import StateError
+from tidal.errors import ArgumentError, StateError
 from tidal.pool import Ahead
 from tidal.stages import add_stats
 from tidal.stages.continuous import shared_rows
@@ -303,18 +303,18 @@ class DataLoader(torch.utils.data.DataLoader):
         **kwargs: Any,
     ):
         if not isinstance(dataset, Dataset):
-            raise TypeError(f"tidal.DataLoader takes a tidal.Dataset, not {type(dataset).__name__}")
+            raise ArgumentError(f"tidal.DataLoader takes a tidal.Dataset, not {type(dataset).__name__}")
         if not isinstance(prefetch_to_device, int) or prefetch_to_device < 0:
-            raise ValueError(f"prefetch_to_device must be a non-negative int, not {prefetch_to_device!r}")
+            raise ArgumentError(f"prefetch_to_device must be a non-negative int, not {prefetch_to_device!r}")
         batch_size = kwargs.pop("batch_size", None)
         drop_last = kwargs.pop("drop_last", False)
         if batch_size is not None:
             if dataset.batched:
-                raise ValueError("the dataset is already batched; drop batch_size= or the .batch() call")
+                raise ArgumentError("the dataset is already batched; drop batch_size= or the .batch() call")
             dataset = dataset.batch(batch_size, drop_last=drop_last)
         for unsupported in ("sampler", "batch_sampler", "shuffle", "collate_fn"):
             if kwargs.get(unsupported) not in (None, False):
-                raise ValueError(f"{unsupported}= does not apply: tidal's dataset shuffles and batches itself")
+                raise ArgumentError(f"{unsupported}= does not apply: tidal's dataset shuffles and batches itself")
             kwargs.pop(unsupported, None)
         self.tidal_dataset = dataset
         self._stream = _WorkerStream(dataset)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from tidal.bundle import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
-from tidal.errors import TidalError
+from tidal.errors import ArgumentError, TidalError
 from tidal.state import keys as k
 from tidal.world import World
 
@@ -137,7 +137,7 @@ class Pool:
         depth: int = 4,
     ):
         if worker_type not in ("thread", "process"):
-            raise ValueError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
+            raise ArgumentError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
         self._n = max(1, workers)
         self._process = workers > 0 and worker_type == "process"
         self._closed = False
@@ -256,7 +256,7 @@ class Ahead(Iterator[T], Generic[T]):
 
     def __init__(self, source: Iterator[T], depth: int, name: str = "tidal-ahead"):
         if depth < 1:
-            raise ValueError(f"depth must be at least 1, not {depth}")
+            raise ArgumentError(f"depth must be at least 1, not {depth}")
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False

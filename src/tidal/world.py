@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from tidal import env
+from tidal.errors import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,11 @@ class World:
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+            raise ArgumentError(f"rank {self.rank} is outside world size {self.world_size}")
         if not 0 <= self.worker < self.num_workers:
-            raise ValueError(f"worker {self.worker} is outside {self.num_workers} workers")
+            raise ArgumentError(f"worker {self.worker} is outside {self.num_workers} workers")
         if not 0 <= self.lane < self.lanes:
-            raise ValueError(f"lane {self.lane} is outside {self.lanes} lanes")
+            raise ArgumentError(f"lane {self.lane} is outside {self.lanes} lanes")
 
     @property
     def consumers(self) -> int:
@@ -55,7 +56,7 @@ class World:
     def with_lane(self, lane: int, lanes: int) -> World:
         """Lane ``lane`` of ``lanes`` of this reader (which must not be split into lanes already)."""
         if self.lanes != 1:
-            raise ValueError(f"this reader is already split into {self.lanes} lanes")
+            raise ArgumentError(f"this reader is already split into {self.lanes} lanes")
         return World(self.rank, self.world_size, self.worker, self.num_workers, lane, lanes)
 
     @staticmethod

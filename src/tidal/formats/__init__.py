@@ -64,7 +64,7 @@ from typing import IO, Any, Literal, Protocol
 
 import numpy as np
 
-from tidal.errors import FormatError, SchemaError, TidalError
+from tidal.errors import ArgumentError, FormatError, SchemaError, TidalError
 from tidal.tables import Table
 
 Errors = Literal["raise", "skip"] | Callable[[TidalError], object]
@@ -248,7 +248,7 @@ def check_errors(errors: Any) -> Errors:
     """``errors`` if it is a policy: ``"raise"``, ``"skip"`` or a callable."""
     if errors in ("raise", "skip") or callable(errors):
         return errors
-    raise ValueError(f"errors must be 'raise', 'skip' or a function, not {errors!r}")
+    raise ArgumentError(f"errors must be 'raise', 'skip' or a function, not {errors!r}")
 
 
 def bad(errors: Errors, error: TidalError) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidal.errors import ConfigError, StateError, TidalError
+from tidal.errors import ArgumentError, ConfigError, StateError, TidalError
 from tidal.order import rng
 from tidal.stages import Context, Stage, StageIterator, add_stats, walk
 from tidal.stages.batch import Batch
@@ -131,7 +131,7 @@ class Mix(Stage):
         return 0
 
     def with_source(self, change: Callable[[Read], Read]) -> Stage:
-        raise ValueError("shuffle() and repeat() apply to files: call them on the streams before mix()")
+        raise ArgumentError("shuffle() and repeat() apply to files: call them on the streams before mix()")
 
     def upstreams(self) -> tuple[Stage, ...]:
         return tuple(s for _, s in self.streams)
@@ -162,51 +162,90 @@ def mix(
     streams = tuple(streams)
     names = [n for n, _ in streams]
     if not streams:
-        raise ValueError("mix() needs at least one dataset")
+        raise ArgumentError("mix() needs at least one dataset")
     if len(set(names)) != len(names):
-        raise ValueError(f"mix(): stream names must differ, got {names}")
+        raise ArgumentError(f"mix(): stream names must differ, got {names}")
     for n, s in streams:
         if any(isinstance(x, Batch) for x in walk(s)):
-            raise ValueError(f"mix(): stream {n!r} is batched; mix records, then batch the mixture")
+            raise ArgumentError(f"mix(): stream {n!r} is batched; mix records, then batch the mixture")
     if stop not in STOPS:
-        raise ValueError(f"stop must be one of {', '.join(STOPS)}, not {stop!r}")
+        raise ArgumentError(f"stop must be one of {', '.join(STOPS)}, not {stop!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, not {seed!r}")
+        raise ArgumentError(f"seed must be a non-negative int, not {seed!r}")
 
     def by_name(values: Mapping[str, Any] | Sequence[Any], what: str) -> list[Any]:
         if isinstance(values, Mapping):
             unknown = set(values) - set(names)
             if unknown:
-                raise ValueError(f"mix(): {what} names unknown streams {sorted(unknown)}; streams: {names}")
+                raise ArgumentError(f"mix(): {what} names unknown streams {sorted(unknown)}; streams: {names}")
             return [values.get(n) for n in names]
         if len(values) != len(names):
-            raise ValueError(f"mix(): {len(values)} {what} for {len(names)} streams")
+            raise ArgumentError(f"mix(): {len(values)} {what} for {len(names)} streams")
         return list(values)
 
     counts = None
     if choose is not None or repeat is not None:
         if weights is not None:
-            raise ValueError("mix(): give weights, or choose/repeat, not both")
+            raise ArgumentError("mix(): give weights, or choose/repeat, not both")
         chosen = by_name(choose or {}, "choose")
         repeats = by_name(repeat or {}, "repeat")
+        for n, c in zip(names, chosen, strict=True):
+            if c is not None and (not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 0):
+                raise ArgumentError(f"mix(): choose for stream {n!r} must be a whole number of records, not {c!r}")
+        for n, r in zip(names, repeats, strict=True):
+            if r is not None and (
+                isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0
+            ):
+                raise ArgumentError(f"mix(): repeat for stream {n!r} must be a non-negative number, not {r!r}")
         sizes = [sum(p.total for p in s.sources().values()) for _, s in streams]
         counts = [
             int(c) if c is not None else round(r * n) if r is not None else n
             for c, r, n in zip(chosen, repeats, sizes, strict=True)
         ]
+        if stop == "first_exhausted":  # the others go on past a stream's end, reading it again
+            for (n, s), count, size in zip(streams, counts, sizes, strict=True):
+                _check_count(n, s, count, size)
         return Mix(streams, None, tuple(counts), seed, stop)
     if weights is None:
         weights = [1.0] * len(names)
     if isinstance(weights, Schedule):
         by_name(weights(0), "weights")
         return Mix(streams, weights, None, seed, stop)
-    w = [float(x if x is not None else 0.0) for x in by_name(weights, "weights")]
-    if any(x < 0 for x in w) or sum(w) <= 0:
-        raise ValueError(f"mix(): weights must be non-negative and not all zero, got {w}")
+    given = by_name(weights, "weights")
+    try:
+        w = [float(x if x is not None else 0.0) for x in given]
+    except (TypeError, ValueError):
+        raise ArgumentError(f"mix(): weights must be numbers, got {weights!r}") from None
+    if not all(math.isfinite(x) and x >= 0 for x in w) or sum(w) <= 0:
+        shown = dict(zip(names, w, strict=True))
+        raise ArgumentError(f"mix(): weights must be finite, non-negative and not all zero, got {shown}")
     if epoch_size is not None:
+        if isinstance(epoch_size, bool) or not isinstance(epoch_size, (int, np.integer)) or epoch_size < 1:
+            raise ArgumentError(
+                f"mix(): epoch_size must be a whole number of records of at least 1, not {epoch_size!r}"
+            )
         total = sum(w)
         return Mix(streams, None, tuple(round(epoch_size * x / total) for x in w), seed, stop)
     return Mix(streams, tuple(w), None, seed, stop)
+
+
+def _check_count(name: str, stream: Stage, count: int, size: int) -> None:
+    """A count a stream that does not repeat cannot reach is an error now, not a mixture that ends
+    early (``stop="first_exhausted"`` ends it with that stream): where every stage of the stream yields one item per record, it yields ``size`` items a
+    pass over its epochs."""
+    from tidal.stages.read import Read
+    from tidal.stages.tokenize import Tokenize
+    from tidal.stages.transform import Map
+
+    epochs = stream.epochs_per_pass()
+    if epochs == 0 or not all(isinstance(x, (Read, Map, Tokenize)) for x in walk(stream)):
+        return  # it repeats forever, or it is not known how many items it yields
+    if count > size * epochs:
+        raise ArgumentError(
+            f"mix(): stream {name!r} is asked for {count:,} records, but it holds {size:,} and reads them "
+            f"{epochs} time(s) (it does not repeat forever), and stop='first_exhausted' would end the mixture "
+            "there: call .repeat() on it, ask for fewer, or pass stop='all_exhausted' or 'never'"
+        )
 
 
 class MixIterator(StageIterator):

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tidal import env
-from tidal.errors import ConfigError, FormatError, TidalError, needs
+from tidal.errors import ArgumentError, ConfigError, FormatError, TidalError, needs
 from tidal.stages import Context, StageIterator, Stateless, Step, add_stats
 from tidal.state.view import View
 from tidal.tables import Table, records
@@ -74,7 +74,7 @@ def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
         hf_eos = getattr(tokenizer, "eos_token_id", None)
         backend = getattr(tokenizer, "backend_tokenizer", None) or tokenizer
     else:
-        raise TypeError(f"not a tokenizer: {type(tokenizer).__name__}")
+        raise ArgumentError(f"not a tokenizer: {type(tokenizer).__name__}")
     vocab = backend.get_vocab_size() if hasattr(backend, "get_vocab_size") else len(backend)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
     return Tokenizer(backend, _eos_id(backend, eos, hf_eos), dtype, given)

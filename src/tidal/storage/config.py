@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal import env
+from tidal.errors import ArgumentError
 from tidal.storage.retry import Retry
 from tidal.storage.urls import is_remote, url_root
 
@@ -32,12 +33,12 @@ def parse_size(size: int | str) -> int:
     """
     if isinstance(size, int):
         if size < 0:
-            raise ValueError(f"a size cannot be negative: {size}")
+            raise ArgumentError(f"a size cannot be negative: {size}")
         return size
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(size))
     unit = m.group(2).upper() if m else ""
     if m is None or unit not in _UNITS:
-        raise ValueError(f"not a size: {size!r} (try '50GB', '512MiB' or a number of bytes)")
+        raise ArgumentError(f"not a size: {size!r} (try '50GB', '512MiB' or a number of bytes)")
     return int(float(m.group(1)) * _UNITS[unit])
 
 
@@ -93,9 +94,9 @@ class Storage:
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", os.path.abspath(os.path.expanduser(os.fspath(self.cache_dir))))
         if self.backend not in ("auto", "s3fs", "obstore"):
-            raise ValueError(f"backend must be 'auto', 's3fs' or 'obstore', not {self.backend!r}")
+            raise ArgumentError(f"backend must be 'auto', 's3fs' or 'obstore', not {self.backend!r}")
         if self.timeout <= 0 or self.prefetch < 0 or self.part_size < 1 or self.parallel < 1:
-            raise ValueError("timeout, part_size and parallel must be positive and prefetch at least 0")
+            raise ArgumentError("timeout, part_size and parallel must be positive and prefetch at least 0")
 
     @property
     def limit(self) -> int:

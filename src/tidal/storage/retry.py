@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tidal.errors import StorageError
+from tidal.errors import ArgumentError, StorageError
 from tidal.storage.stats import Stats
 
 T = TypeVar("T")
@@ -127,7 +127,7 @@ class Retry:
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.backoff < 0 or self.max_backoff < 0 or self.throttled_s < 0:
-            raise ValueError("attempts must be at least 1, and backoffs and throttled_s at least 0")
+            raise ArgumentError("attempts must be at least 1, and backoffs and throttled_s at least 0")
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))

@@ -166,7 +166,7 @@ def nbytes(item: Any) -> int:
         if isinstance(v, np.ndarray):
             total += v.nbytes
         elif isinstance(v, list) and v and type(v[0]) is str:
-            total += sum(len(t) for t in v)
+            total += sum(len(t) for t in v if type(t) is str)  # a null among them is data too
     return total
 
 

@@ -309,3 +309,23 @@ def test_a_name_with_brackets_is_a_name_and_globs_below_it_still_work(tmp_path: 
     assert ids(f"{root}/a[02].jsonl") == [0, 2]  # below the name, [ ] is a pattern again
     with pytest.raises(tidal.SourceError, match=r"corpus \[v3\]: the pattern .* no file or directory has this name"):
         tidal.Dataset(tmp_path / "corpus [v3]")
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_byte_order_mark_at_the_start_of_a_line_file_is_not_part_of_its_first_record(
+    tmp_path: Path, compression: str | None
+) -> None:
+    import gzip
+
+    bom = b"\xef\xbb\xbf"
+    for name, body, want in [
+        ("a.jsonl", b'{"id": 1}\n{"id": 2}\n', [{"id": 1}, {"id": 2}]),
+        ("a.txt", b"hello\nworld\n", [{"text": "hello"}, {"text": "world"}]),
+    ]:
+        data = bom + body
+        path = tmp_path / (name + (".gz" if compression else ""))
+        path.write_bytes(gzip.compress(data) if compression else data)
+        assert list(tidal.Dataset(path)) == want
+    (tmp_path / "mid.jsonl").write_bytes(b'{"id": 1}\n' + bom + b'{"id": 2}\n')  # elsewhere it is still bad data
+    with pytest.raises(tidal.RecordError, match=r"mid.jsonl, line 2: .*byte order mark"):
+        list(tidal.Dataset(tmp_path / "mid.jsonl"))

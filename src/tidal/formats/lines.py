@@ -102,6 +102,9 @@ def _split(data: bytes, carry: list[bytes]) -> tuple[list[bytes | memoryview], l
     return lines, [rest] if rest else []
 
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
+
+
 class LineReader:
     """Reads rows ``[start, stop)`` as bytes with their line numbers; cheap when called in order.
 
@@ -124,6 +127,7 @@ class LineReader:
         self._next_base = 0
         self._at = 0
         self._carry: list[bytes] = []  # the start of a line not ended yet, in pieces
+        self._at_start = True
 
     def _open_at(self, row: int) -> None:
         self.close()
@@ -135,10 +139,15 @@ class LineReader:
             self._file.seek(offset)
         self._rows, self._index, self._at, self._carry = [], [], 0, []
         self._next_base = line
+        self._at_start = line == 0  # the file's first bytes come next: a byte order mark is not a record's
 
     def _refill(self) -> bool:
         assert self._file is not None
         data = self._file.read(_PIECE)
+        if self._at_start:
+            self._at_start = False
+            if data.startswith(BOM):  # as editors on Windows write it
+                data = data[len(BOM) :]
         if data:
             lines, self._carry = _split(data, self._carry)
         elif self._carry:

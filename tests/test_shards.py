@@ -134,3 +134,18 @@ def test_indexing_a_directory_leaves_nothing_in_it_but_the_index(tmp_path: Path)
     before = set(os.listdir(data))
     tidal.Dataset(data)
     assert set(os.listdir(data)) - before == {".tidal-index.json"}
+
+
+def test_fewer_records_than_readers_is_a_warning_with_the_numbers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from tidal.world import World
+
+    ds = tidal.Dataset(make_shards(tmp_path / "data", [3]))
+    caplog.set_level(logging.WARNING, logger="tidal")
+    got = [list(ds.iterator(World(rank=r, world_size=2, worker=w, num_workers=2))) for r in (0, 1) for w in (0, 1)]
+    assert got == [[], [], [], []]
+    said = [r.getMessage() for r in caplog.records if "readers" in r.getMessage()]
+    assert len(said) == 1 and "holds 3 records and is read by 4 readers (2 ranks x 2 workers)" in said[0]

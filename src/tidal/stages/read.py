@@ -12,6 +12,7 @@ every record was skipped.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from tidal.storage.prefetch import Prefetcher
 
 LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch
+log = logging.getLogger("tidal")
+_WARNED_SMALL: set[tuple[str, int, int]] = set()  # sources warned of having fewer records than readers, once a process
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,25 @@ class ReadIterator(StageIterator):
             raise TidalError(
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
                 f"{world.num_workers} workers) forever: each needs at least one record per epoch"
+            )
+        small = (key, total, world.consumers)
+        if (
+            plan.epochs is not None
+            and 0 < total < world.consumers
+            and world.consumer == 0
+            and small not in _WARNED_SMALL
+        ):
+            _WARNED_SMALL.add(small)  # said once, by the job's first reader
+            log.warning(
+                "the dataset holds %d records and is read by %d readers (%d ranks x %d workers): every reader "
+                "takes the same number of records an epoch, %d // %d = 0, so none yields anything; use fewer "
+                "ranks or workers, or repeat() it",
+                total,
+                world.consumers,
+                world.world_size,
+                world.num_workers,
+                total,
+                world.consumers,
             )
         self.passed = 0  # positions passed since the first epoch, across restores
         if position is None:

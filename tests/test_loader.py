@@ -184,3 +184,16 @@ def test_stats_count_what_the_loop_consumed_and_log_a_line(data: Path, caplog: p
     assert 0 <= stats["wait_share"] < 1 and stats["wait_s"] <= stats["seconds"]
     assert stats["rows_read"] >= 160 and stats["skipped"] == 0
     assert any(r.getMessage().startswith("tidal: ") and "batches/s" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_tidal_error_in_a_worker_is_raised_as_itself_its_message_first(tmp_path: Path, context: str) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\n{"id": 2}\nnot json\n{"id": 4}\n')
+    loader = tidal.DataLoader(
+        tidal.Dataset(tmp_path / "bad.jsonl").batch(1), num_workers=2, multiprocessing_context=context
+    )
+    with pytest.raises(tidal.RecordError) as err:
+        list(loader)
+    assert str(err.value).startswith(f"{tmp_path / 'bad.jsonl'}, line 3: malformed JSON record")
+    assert "Caught" not in str(err.value) and "Traceback" not in str(err.value)
+    assert err.value.__notes__ == ["(raised in DataLoader worker 0)"]

@@ -29,7 +29,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from tidal import env, shm
 from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
 from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
-from tidal.errors import ArgumentError, StateError
+from tidal.errors import ArgumentError, StateError, TidalError
 from tidal.pool import Ahead
 from tidal.stages import add_stats
 from tidal.stages.continuous import shared_rows
@@ -186,12 +186,33 @@ class _WorkerStream(torch.utils.data.IterableDataset):
             return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
         return (_to_torch(prepare(item, _widen)) for item in it)
 
-    def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle]:
+    def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle | _WorkerError]:
         if pack and worker < len(self.rings):
             shm.ring(self.rings[worker], self.slots)  # mapped now, and its name unlinked (see tidal.shm)
             kind = functools.partial(_Bundle, ring=(self.rings[worker], self.slots))
-            return bundles(it, worker, pack, _widen, kind=kind, max_bytes=shm.SLOT_BYTES * 3 // 4)
-        return bundles(it, worker, pack, _widen, kind=_Bundle)
+            return _carried(bundles(it, worker, pack, _widen, kind=kind, max_bytes=shm.SLOT_BYTES * 3 // 4), worker)
+        made = bundles(it, worker, pack, _widen, kind=_Bundle)
+        return _carried(made, worker) if pack else made
+
+
+class _WorkerError:
+    """A tidal error raised in a worker process, carried to the training process as data and
+    raised there as it is, its message first: torch would wrap it in "Caught ... in DataLoader
+    worker process N" and a traceback, the message last."""
+
+    def __init__(self, error: TidalError, worker: int):
+        self.error, self.worker = error, worker
+
+    def raise_(self) -> NoReturn:
+        self.error.add_note(f"(raised in DataLoader worker {self.worker})")
+        raise self.error
+
+
+def _carried(made: Iterator[Bundle], worker: int) -> Iterator[Bundle | _WorkerError]:
+    try:
+        yield from made
+    except TidalError as exc:
+        yield _WorkerError(exc, worker)
 
 
 def describe(stats: dict) -> str:
@@ -549,7 +570,14 @@ class DataLoader(torch.utils.data.DataLoader):
     ) -> Iterator[tuple[int, dict, int, Any, Any]]:
         """``(worker, reader state after it, tokens, batch, copy event)`` in round-robin order;
         with ``device`` (prefetching), the batch is already copied there."""
-        for w, bundle, j in round_robin(lambda _: next(bundles), n, start):
+
+        def fetch(_: int) -> Bundle:
+            got = next(bundles)
+            if isinstance(got, _WorkerError):
+                got.raise_()
+            return got
+
+        for w, bundle, j in round_robin(fetch, n, start):
             self._reader_stats[bundle.worker] = bundle.stats
             item = bundle.item(j)
             tokens = 0

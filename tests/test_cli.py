@@ -357,3 +357,22 @@ def test_state_skip_writes_beside_the_state(data: Path, tmp_path: Path) -> None:
     shown = tidal_cli("state", "show", str(tmp_path / "s.skip2.json")).stdout
     assert "skipped by `tidal state skip`: 2 batches per rank" in shown
     assert Counter(shown.split())["batches"] >= 1
+
+
+def test_plan_takes_the_workers_of_a_configs_loader(data: Path, tmp_path: Path) -> None:
+    config = tmp_path / "pipe.json"
+    config.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "source": {"src": str(data)},
+                "steps": [{"batch": {"size": 8}}],
+                "loader": {"num_workers": 3},
+            }
+        )
+    )
+    out = tidal_cli("plan", "--config", str(config), "--ranks", "2", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "x 3 worker(s) = 6 readers" in out.stdout
+    out = tidal_cli("plan", "--config", str(config), "--ranks", "2", "--workers", "1", "--no-progress")
+    assert "x 1 worker(s) = 2 readers" in out.stdout

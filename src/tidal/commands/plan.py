@@ -28,7 +28,12 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--ranks-per-node", type=int, default=1, help="ranks on each machine, which share its shard cache (default 1)"
     )
-    p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank (default 1; 0 counts as 1)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers per rank (default: a config's loader num_workers, else 1; 0 counts as 1)",
+    )
     p.add_argument(
         "--shuffle",
         type=int,
@@ -100,11 +105,23 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
-    if args.workers < 0 or args.epoch < 0:
+    if (args.workers is not None and args.workers < 0) or args.epoch < 0:
         raise ValueError("--workers and --epoch cannot be negative")
     per_second = bandwidth(args.bandwidth)
     ds = open_dataset(args)
-    batch = args.batch or _batch_size(ds) or 8
+    workers = args.workers
+    if workers is None and args.config is not None:
+        from tidal.config import load, loader_settings
+
+        workers = loader_settings(load(args.config)).get("num_workers")
+    workers = max(1, workers or 1)
+    records = ds.records_per_batch()
+    batch = args.batch or records or _batch_size(ds) or 8
+    if args.batch is None and records is None and _batch_size(ds) is not None:
+        print(
+            f"(a batch of this pipeline holds a varying number of source records (packing, filters, records "
+            f"skipped, a mixture): the figures per batch below count {batch} records as one; --batch N to say more)"
+        )
     sources = ds.sources()
     for key, plan in sources.items():
         if key:
@@ -124,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size or plan.block_size,
             shards_per_block=args.shards_per_block or plan.shards_per_block,
             ranks=args.ranks,
-            workers=max(1, args.workers),
+            workers=workers,
             ranks_per_node=min(args.ranks_per_node, args.ranks),
             finite=not args.forever and plan.epochs is not None,
             epoch=args.epoch,

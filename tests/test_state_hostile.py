@@ -92,30 +92,35 @@ POSITIONS = [
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize(("path", "value", "message"), POSITIONS, ids=[m for _, _, m in POSITIONS])
-def test_a_hostile_position_names_its_key_from_inside_a_worker(
+def test_a_hostile_position_names_its_key_when_the_state_is_loaded(
     data: Path, path: list, value: Any, message: str, workers: int
 ) -> None:
+    """Each reader is opened where the state puts it by load_state_dict itself (nothing is read):
+    a position no reader takes is an error there, not at the first batch inside a worker."""
     loader = tidal.DataLoader(dataset(data), num_workers=workers)
     list(itertools.islice(loader, 5))
     state = changed(json.loads(json.dumps(loader.state_dict())), path, value)
     if workers == 0:
         state = changed(state, ["ranks", 0, "workers", 0, "within"], state["ranks"][0]["workers"][0]["within"])
     resumed = tidal.DataLoader(dataset(data), num_workers=workers)
-    resumed.load_state_dict(state)
     with pytest.raises(tidal.StateError, match=message):
-        next(iter(resumed))
+        resumed.load_state_dict(state)
+
+
+def fail_at_40(record: dict) -> dict:
+    """Raises a tidal error for the record of id 40 (in whichever worker reads it)."""
+    if record["id"] == 40:
+        raise tidal.RecordError("a record the test refuses", path="test", row=40)
+    return record
 
 
 def test_the_workers_of_a_loader_that_raised_are_stopped_with_the_error(data: Path) -> None:
-    loader = tidal.DataLoader(dataset(data), num_workers=2)
-    list(itertools.islice(loader, 5))
-    resumed = tidal.DataLoader(dataset(data), num_workers=2)
-    resumed.load_state_dict(changed(loader.state_dict(), [*W0, "position", "epoch"], 9))
+    loader = tidal.DataLoader(tidal.Dataset(data).map(fail_at_40).batch(6), num_workers=2)
     before = set(multiprocessing.active_children())
-    it = iter(resumed)
+    it = iter(loader)
     assert set(multiprocessing.active_children()) > before  # its workers run
-    with pytest.raises(tidal.StateError):
-        next(it)
+    with pytest.raises(tidal.RecordError, match="test, row 40: a record the test refuses"):
+        list(it)
     assert set(multiprocessing.active_children()) <= before  # not left to a garbage collection
 
 

@@ -440,11 +440,24 @@ class DataLoader(torch.utils.data.DataLoader):
         was saved: batch for batch on the same topology, and with no record lost or repeated
         within the epoch on another (see :mod:`tidal.state.elastic`). A state that is not one,
         or not this dataset's, is a :class:`~tidal.StateError` naming the key."""
-        schema.check(state, self.tidal_dataset.fingerprint(), self._sources())
+        view = schema.check(state, self.tidal_dataset.fingerprint(), self._sources())
+        self._check_positions(view)
         self._pending = state
         if getattr(self, "_iterator", None) is not None:  # persistent workers hold the old position
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None
+
+    def _check_positions(self, view: Any) -> None:
+        """Open, and close, this rank's readers where the state puts them: a position no reader
+        takes (an offset past its share, a negative count, an epoch past the pass) is an error
+        now, naming its key, not at the first batch inside a worker. Nothing is read."""
+        ranks = World.ranks()
+        restored = schema.restore(view, ranks.rank, ranks.world_size, self._workers)
+        first = restored.pass_ * self.tidal_dataset.epochs_per_pass()
+        for w, state in enumerate(restored.rank[k.WORKERS]):
+            where = f"state['{k.RANKS}'][{ranks.rank}]['{k.WORKERS}'][{w}]"
+            world = ranks.with_worker(w, self._workers)
+            self.tidal_dataset.iterator(world, state, first, restored.origin, where).close()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ranks = World.ranks()

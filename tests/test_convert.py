@@ -272,3 +272,21 @@ def test_the_plan_covers_every_record_once_and_cuts_large_files() -> None:
     assert all(a < b for a, b in ranges) and all(r[1] == s[0] for r, s in itertools.pairwise(ranges))
     assert len(ranges) == 7  # 25,515 output bytes in shards of 4,000
     assert cut(files, 0.5, 4000) == ranges  # a pure function of the shard list
+
+
+def test_a_null_text_names_its_row_and_skips_with_errors_skip(
+    tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recs: list[dict] = [{"id": i, "text": f"record {i}"} for i in range(40)]
+    recs[17]["text"] = None
+    del recs[30]["text"]
+    (tmp_path / "src").mkdir()
+    write_jsonl(tmp_path / "src" / "a.jsonl", recs)
+    argv = ["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--tokenize", str(tokenizer)]
+    err = cli_error(argv, capsys)
+    assert "a.jsonl, row 17: tokenize: column 'text' must hold a string, found NoneType" in err
+    assert main([*argv[:2], str(tmp_path / "out2"), *argv[3:], "--errors", "skip"]) == 0
+    got = list(tidal.Dataset(str(tmp_path / "out2")))
+    assert len(got) == 38
+    report = convert(str(tmp_path / "src"), tmp_path / "out3", to="tokens", tokenizer=str(tokenizer), errors="skip")
+    assert report.records == 38

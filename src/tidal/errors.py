@@ -47,11 +47,9 @@ class SchemaError(FormatError):
 
 
 class RecordError(TidalError, ValueError):
-    """A malformed record; ``path`` and ``line`` (1-based) or ``row`` (0-based) say where.
-
-    ``column`` is set when the record is well formed but lacks that column (asked for with
-    ``columns=``): a reader that sees no record with it raises a :class:`SchemaError`.
-    Built from a message alone (as torch does when re-raising a worker's error in the
+    """A malformed record, or one a stage cannot use (a null where tokenize needs text);
+    ``path`` and ``line`` (1-based) or ``row`` (0-based, the record's place in its file) say
+    where. Built from a message alone (as torch does when re-raising a worker's error in the
     main process), the message is kept as it is.
     """
 
@@ -62,11 +60,10 @@ class RecordError(TidalError, ValueError):
         path: str = "",
         line: int | None = None,
         row: int | None = None,
-        column: str | None = None,
     ):
         where = f"{path}, line {line}" if line is not None else f"{path}, row {row}" if row is not None else path
         super().__init__(f"{where}: {message}" if where else message)
-        self.path, self.line, self.row, self.column = path, line, row, column
+        self.path, self.line, self.row = path, line, row
 
 
 class StateError(TidalError, ValueError):

@@ -195,7 +195,9 @@ def _keep(column: Any, where: np.ndarray, mask: list[bool]) -> Any:
 
 
 def columns(table: Table) -> dict[str, Any]:
-    """A batch: fixed-shape values stacked into numpy arrays, everything else kept as lists."""
+    """A batch: fixed-shape values stacked into numpy arrays, everything else kept as lists.
+    Records with different fields make a batch of every field any of them has, None where a
+    record lacks it (so that column is a list)."""
     try:
         if isinstance(table, Columns):
             return {k: _arrow_column(v) if isinstance(v, pa.ChunkedArray) else v for k, v in table.items()}
@@ -206,18 +208,17 @@ def columns(table: Table) -> dict[str, Any]:
     if not table:
         return {}
     first = table[0]
-    if not isinstance(first, dict):
-        raise TypeError(f"batch() needs records that are dicts, got {type(first).__name__}")
-    keys = first.keys()
+    keys = first.keys() if isinstance(first, dict) else None
     try:  # the common case, at C speed: every record a dict with the first one's fields
-        same = all(map(keys.__eq__, map(dict.keys, table)))
+        same = keys is not None and all(map(keys.__eq__, map(dict.keys, table)))
     except TypeError:  # a record that is not a dict
         same = False
-    if not same:
+    if not same or keys is None:
         for rec in table:
-            if not isinstance(rec, dict) or rec.keys() != keys:
-                got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-                raise TypeError(f"batch() needs records with the same fields: {sorted(keys)} and {got}")
+            if not isinstance(rec, dict):
+                raise RecordError(f"batch() needs records that are dicts, got {type(rec).__name__}")
+        union = dict.fromkeys(k for rec in table for k in rec)  # fields some record lacks: None there
+        return {k: stack([rec.get(k) for rec in table]) for k in union}
     return {k: stack(list(map(itemgetter(k), table))) for k in keys}
 
 

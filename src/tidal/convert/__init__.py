@@ -45,6 +45,8 @@ from tidal.convert.plan import chain, cut, load_or_make
 from tidal.convert.progress import Progress
 from tidal.convert.task import Job, finished, run_task
 from tidal.dataset import Dataset
+from tidal.errors import ArgumentError
+from tidal.formats import Errors
 from tidal.storage.config import parse_size
 from tidal.writers.output import Output
 
@@ -90,6 +92,7 @@ def convert(
     format: str | None = None,
     storage_options: dict[str, Any] | None = None,
     dst_options: dict[str, Any] | None = None,
+    errors: Errors = "raise",
 ) -> Report:
     """Rewrite ``src`` (anything :class:`tidal.Dataset` reads, or a dataset) as shards in ``dst``.
 
@@ -98,25 +101,29 @@ def convert(
     token ids already there (default ``"input_ids"``). Output shards hold about ``shard_size``
     bytes. ``workers`` processes (``engine="local"``) or Ray tasks at once (``engine="ray"``; all
     that Ray will run when 1). Running it again after an interruption skips the finished shards.
-    ``progress``: a progress bar on stderr (default: when stderr is a terminal).
+    ``progress``: a progress bar on stderr (default: when stderr is a terminal). ``errors``: the
+    source's policy for bad records, as :class:`tidal.Dataset` takes it (``"skip"`` also skips
+    the records ``tokenizer`` cannot use: a null or missing text), for a source named by path.
 
     >>> convert("data/web", "data/web-tokens", to="tokens", tokenizer="tokenizer.json", workers=4)
     """
     started = time.monotonic()
     if to not in TARGETS:
-        raise ValueError(f"to must be 'parquet' or 'tokens', not {to!r}")
+        raise ArgumentError(f"to must be 'parquet' or 'tokens', not {to!r}")
     if engine not in ("local", "ray"):
-        raise ValueError(f"engine must be 'local' or 'ray', not {engine!r}")
+        raise ArgumentError(f"engine must be 'local' or 'ray', not {engine!r}")
     if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers!r}")
+        raise ArgumentError(f"workers must be at least 1, not {workers!r}")
     size = parse_size(shard_size)
     if size < 1:
-        raise ValueError("shard_size must be at least 1 byte")
+        raise ArgumentError("shard_size must be at least 1 byte")
     if to == "parquet" and tokenizer is None and column is not None:
-        raise ValueError("column names the text to tokenize (with tokenizer=) or, with to='tokens', the token ids")
-    ds = src if isinstance(src, Dataset) else Dataset(src, columns, format, storage_options=storage_options)
-    if isinstance(src, Dataset) and columns is not None:
-        raise ValueError("columns= applies to a source named by path; select columns when building the dataset")
+        raise ArgumentError("column names the text to tokenize (with tokenizer=) or, with to='tokens', the token ids")
+    if isinstance(src, Dataset) and (columns is not None or errors != "raise"):
+        raise ArgumentError(
+            "columns= and errors= apply to a source named by path; pass them to the Dataset you convert"
+        )
+    ds = src if isinstance(src, Dataset) else Dataset(src, columns, format, errors, storage_options=storage_options)
     if tokenizer is not None:
         ds = ds.tokenize(tokenizer, column or "text")
     stage = chain(ds)

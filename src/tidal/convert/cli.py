@@ -53,6 +53,12 @@ def add_arguments(p: Any) -> None:
     )
     p.add_argument("--format", default=None, help="the source's format, where its file endings do not tell")
     p.add_argument(
+        "--errors",
+        choices=("raise", "skip"),
+        default="raise",
+        help="bad records (and, with --tokenize, records without text): stop (default) or skip and count them",
+    )
+    p.add_argument(
         "--storage-option",
         action="append",
         default=[],
@@ -93,6 +99,7 @@ def run_cli(args: Any) -> int:
         format=args.format,
         storage_options=storage_options(args.storage_option) or None,
         dst_options=storage_options(args.dst_option) or None,
+        errors=args.errors,
     )
     print(report)
     return 0

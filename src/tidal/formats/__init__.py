@@ -58,7 +58,7 @@ import importlib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import IO, Any, Literal, Protocol
 
@@ -124,10 +124,14 @@ OPTIONS = {
 @dataclass
 class Piece:
     """Rows ``[start, stop)`` of one file. ``valid`` marks the rows that were kept when
-    ``errors="skip"`` dropped bad ones (``None``: all kept); ``table`` holds only kept rows."""
+    ``errors="skip"`` dropped bad ones (``None``: all kept); ``table`` holds only kept rows.
+    ``absent``: of the columns asked for, those no record of the piece has (formats with no
+    schema fill them with None), each with where it was first missed: a column no record of a
+    block has is taken for a mistake (:mod:`tidal.stages.read`)."""
 
     table: Table
     valid: np.ndarray | None = None
+    absent: dict[str, str] = field(default_factory=dict)
 
 
 class Reader(Protocol):
@@ -229,19 +233,31 @@ def check_schemas(shards: Any) -> None:
 def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
     """Every name in ``columns`` must be a column of every shard whose scan knows its columns:
     a typo fails here, naming the file and the columns it has, not as a skipped record per row.
-    ``shards``: a :class:`tidal.shards.Shards`, read by its columns."""
+    Formats whose records may lack a field (``FIELDS_OPTIONAL``: WebDataset) need it in some
+    shard only: the samples without it have None. ``shards``: a :class:`tidal.shards.Shards`."""
     if columns is None:
         return
+    union: dict[str, tuple[str, set[str]]] = {}  # format with optional fields: a shard, the fields of all
     for path, fmt, info, error in zip(shards.paths, shards.formats, shards.infos, shards.errors, strict=True):
         if error is not None:
             continue
-        known = getattr(module(fmt), "columns", None)
+        mod = module(fmt)
+        known = getattr(mod, "columns", None)
         names = known(info) if known is not None else None
         if names is None:
+            continue
+        if getattr(mod, "FIELDS_OPTIONAL", False):
+            union.setdefault(fmt, (path, set()))[1].update(names)
             continue
         missing = [c for c in columns if c not in names]
         if missing:
             raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'})")
+    for fmt, (path, names) in union.items():
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise SchemaError(
+                f"no {fmt} file has a field {missing[0]!r} ({path} and the others have: {', '.join(sorted(names))})"
+            )
 
 
 def check_errors(errors: Any) -> Errors:

@@ -1,9 +1,11 @@
 """JSON lines: one JSON object per non-empty line, kept as Python dicts.
 
-A line that is not a JSON object, or (with ``columns=``) an object without one of the
-columns, is a :class:`~tidal.errors.RecordError` naming the file and line, handed to the
-``errors`` policy. JSON lines have no schema, so a column missing from every record of a
-block is a :class:`~tidal.errors.SchemaError` raised by the source stage, not a skip per row.
+A line that is not a JSON object is a :class:`~tidal.errors.RecordError` naming the file and
+line, handed to the ``errors`` policy. Records need not have the same fields (an optional
+``"lang"``): with ``columns=``, each record has exactly those, ``None`` for a field it lacks,
+and the fields not asked for dropped. JSON lines have no schema, so a column asked for that no
+record of a block has is taken for a typo: a :class:`~tidal.errors.SchemaError` raised by the
+source stage.
 
 Lines are parsed with orjson when it is installed (``tidal[fast]``) and with the standard
 library otherwise: the same records and the same errors either way (:mod:`tidal.formats._json`).
@@ -43,10 +45,13 @@ class JsonlReader:
         return self._read_each(rows, lines, start, stop)
 
     def _read_each(self, rows: list[bytes | memoryview], lines: list[int], start: int, stop: int) -> Piece:
-        """Line by line: the records, and each bad line handed to the errors policy."""
+        """Line by line: the records, each bad line handed to the errors policy, and (with
+        ``columns=``) the missing fields filled with None."""
         records: list[Any] = []
         valid: np.ndarray | None = None
         columns = self._columns
+        missed: dict[str, str] = {}  # columns some record lacked: where first
+        found: set[str] = set()  # columns some record had
         loads = _json.loads
         for i, data in enumerate(rows):
             error: RecordError | None = None
@@ -63,17 +68,15 @@ class JsonlReader:
                         line=lines[i],
                     )
                 elif columns is not None and tuple(rec) != columns:  # fields as asked for: the record as it is
-                    try:
-                        rec = {c: rec[c] for c in columns}
-                    except KeyError:
-                        missing = next(c for c in columns if c not in rec)
-                        fields = ", ".join(sorted(rec)) or "none"
-                        error = RecordError(
-                            f"malformed JSON record: no field {missing!r} (fields: {fields})",
-                            path=self._path,
-                            line=lines[i],
-                            column=missing,
-                        )
+                    for c in columns:
+                        if c in rec:
+                            found.add(c)
+                        elif c not in missed:
+                            fields = ", ".join(sorted(rec)) or "none"
+                            missed[c] = f"{self._path}, line {lines[i]} has the fields {fields}"
+                    rec = {c: rec.get(c) for c in columns}
+                elif columns is not None:
+                    found.update(columns)
             if error is not None:
                 bad(self._errors, error)
                 if valid is None:
@@ -81,7 +84,8 @@ class JsonlReader:
                 valid[i] = False
                 continue
             records.append(rec)
-        return Piece(records, valid)
+        absent = {c: where for c, where in missed.items() if c not in found}
+        return Piece(records, valid, absent)
 
     def close(self) -> None:
         self._lines.close()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from collections.abc import Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -45,7 +46,8 @@ from tidal.formats.binary import npy_header, open_stream
 from tidal.formats.codecs import open_stream as open_decompressed
 
 NAME = "webdataset"
-__all__ = ["NAME", "columns", "decode", "open", "scan"]
+__all__ = ["FIELDS_OPTIONAL", "NAME", "columns", "decode", "open", "scan"]
+FIELDS_OPTIONAL = True  # a sample without a field asked for has None there
 
 _BLOCK = 512
 
@@ -247,23 +249,23 @@ class TarReader:
             raise FormatError(f"{self.path}: {len(samples)} samples from {start}, expected {stop - start}; changed?")
         records: list[Any] = []
         valid: np.ndarray | None = None
-        for i, (key, fields) in enumerate(samples):
+        asked = [c for c in self._columns or [] if c != "__key__"]
+        missed: dict[str, str] = {}  # columns some sample lacked: where first
+        found: set[str] = set()  # columns some sample had
+        for i, (key, members) in enumerate(samples):
             error: RecordError | None = None
-            missing = [c for c in self._columns or [] if c != "__key__" and c not in fields]
-            if missing:
-                error = RecordError(
-                    f"sample {key!r}: no field {missing[0]!r} (fields: {', '.join(sorted(fields))})",
-                    path=self.path,
-                    row=start + i,
-                    column=missing[0],
-                )
-            else:
-                if self._columns is not None:
-                    fields = {c: fields[c] for c in self._columns if c != "__key__"}
-                try:
-                    rec = {"__key__": key, **{f: decode(f, d) for f, d in fields.items()}}
-                except data_errors() as exc:  # UnicodeDecodeError, orjson's JSONDecodeError: ValueErrors
-                    error = RecordError(f"sample {key!r}: {exc}", path=self.path, row=start + i)
+            fields: Mapping[str, bytes | None] = members
+            if self._columns is not None:
+                for c in asked:
+                    if c in members:
+                        found.add(c)
+                    elif c not in missed:
+                        missed[c] = f"{self.path}, sample {key!r} has the fields {', '.join(sorted(members))}"
+                fields = {c: members.get(c) for c in asked}
+            try:
+                rec = {"__key__": key, **{f: d if d is None else decode(f, d) for f, d in fields.items()}}
+            except data_errors() as exc:  # UnicodeDecodeError, orjson's JSONDecodeError: ValueErrors
+                error = RecordError(f"sample {key!r}: {exc}", path=self.path, row=start + i)
             if error is not None:
                 bad(self._errors, error)
                 if valid is None:
@@ -271,7 +273,7 @@ class TarReader:
                 valid[i] = False
                 continue
             records.append(rec)
-        return Piece(records, valid)
+        return Piece(records, valid, {c: where for c, where in missed.items() if c not in found})
 
     def close(self) -> None:
         if self._tar is not None:

@@ -17,18 +17,24 @@ into it, never the buffer. ``used()`` says how far into its share of each source
 is (``{source key: [epoch, offset]}``), which is what a restore on another topology needs.
 ``exact`` is true when each item stands for exactly one source record, in order.
 
+A stage that finds a record it cannot use (a null where tokenize needs text, a document pack
+cannot pack) hands it back with ``upstream.locate().reject(i, why)``: item ``i`` of the table
+upstream returned last. The source stage names its file and row and puts it to the reader's
+``errors`` policy (raised, or skipped and counted); stages in between map the index to theirs.
+
 ``stage.to_config()`` writes the chain as plain data, each stage its own part
 (``config_step()``); :mod:`tidal.config` reads it back.
 """
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import ConfigError
+from tidal.errors import ConfigError, RecordError
 from tidal.state.view import View
 from tidal.tables import Table
 from tidal.world import World
@@ -71,8 +77,50 @@ class StageIterator(ABC):
         """Counters of this stage and those upstream of it."""
         return {}
 
+    def locate(self) -> Locator:
+        """Where the items of the table this iterator returned last came from (see :class:`Locator`)."""
+        return Unlocated()
+
     @abstractmethod
     def close(self) -> None: ...
+
+
+class Locator:
+    """The records of one table as they came from the source: :meth:`reject` hands one back as bad."""
+
+    def reject(self, i: int, why: str) -> None:
+        """Item ``i`` cannot be used, for reason ``why``: a :class:`~tidal.RecordError` naming its
+        file and row goes to the ``errors`` policy of the reader it came from, which raises it or
+        skips it (counted in ``stats()["skipped"]``); the caller drops the item when this returns."""
+        raise NotImplementedError
+
+
+class Unlocated(Locator):
+    """Items that stand for no one record (batches, packed sequences): an error with no place."""
+
+    def reject(self, i: int, why: str) -> None:
+        raise RecordError(why)
+
+
+class Kept(Locator):
+    """The items a stage kept of its upstream's table: item ``i`` is upstream's ``kept[i]``."""
+
+    def __init__(self, upstream: Locator, kept: list[int]):
+        self._up, self._kept = upstream, kept
+
+    def reject(self, i: int, why: str) -> None:
+        self._up.reject(self._kept[i], why)
+
+
+class Joined(Locator):
+    """Items taken from several tables one after the other: ``parts`` of (first item, its locator)."""
+
+    def __init__(self, parts: list[tuple[int, Locator]]):
+        self._parts = parts
+
+    def reject(self, i: int, why: str) -> None:
+        first, locator = self._parts[bisect.bisect_right([f for f, _ in self._parts], i) - 1]
+        locator.reject(i - first, why)
 
 
 class Stateless(StageIterator):

@@ -26,7 +26,7 @@ import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, StateError, TidalError
 from tidal.order import rng
-from tidal.stages import Context, Stage, StageIterator, add_stats, walk
+from tidal.stages import Context, Joined, Locator, Stage, StageIterator, add_stats, walk
 from tidal.stages.batch import Batch
 from tidal.state import keys as k
 from tidal.state.view import View
@@ -274,6 +274,7 @@ class MixIterator(StageIterator):
             streams = position.view(k.STREAMS)
             saved = {n: streams.view(n) for n in self._names}
         self._streams = {n: self._open(n, saved[n]) for n in self._names}
+        self._parts: list[tuple[int, Locator]] = []  # where the items of the last table came from
 
     def _known(self, position: View, key: str) -> set[str]:
         names = position.names(key)
@@ -311,6 +312,7 @@ class MixIterator(StageIterator):
 
     def next(self, max_items: int) -> Table:
         out: list[Any] = []
+        parts: list[tuple[int, Locator]] = []
         while len(out) < max_items:
             if len(self._empty) == len(self._names):
                 break
@@ -334,10 +336,15 @@ class MixIterator(StageIterator):
             self._k += len(got)
             self.drawn[name] += len(got)
             self.tokens[name] += sum(len(r["input_ids"]) for r in got if isinstance(r, dict) and "input_ids" in r)
+            parts.append((len(out), self._streams[name].locate()))
             out += got
         if not out:
             raise StopIteration
+        self._parts = parts
         return out
+
+    def locate(self) -> Locator:
+        return Joined(self._parts)
 
     def _restart(self, name: str) -> bool:
         """A stream ended: restart it (its next epochs) unless the stop rule ends the mixture."""

@@ -29,10 +29,11 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import astuple, dataclass
+from typing import Any
 
 import numpy as np
 
-from tidal.errors import StateError, TidalError
+from tidal.errors import SchemaError, StateError
 from tidal.stages import Context, StageIterator, Step, add_stats
 from tidal.state import keys as k
 from tidal.state.view import View
@@ -89,25 +90,51 @@ class Pack(Step):
         return {"pack": {k: v for k, v in args.items() if v is not None}}
 
 
-def _doc_tokens(recs: list, cfg: PackConfig) -> list[np.ndarray]:
-    """Each record's documents as an integer array, with ``cfg.eos`` appended when given."""
+def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, seen: bool) -> list[np.ndarray]:
+    """Each record's documents as an integer array, with ``cfg.eos`` appended when given. A record
+    without one (a null, no such field, not 1-D integers) goes to the errors policy (``upstream``'s
+    :meth:`~tidal.stages.StageIterator.locate`); a column no record has, before any had it
+    (``seen``), is a SchemaError."""
     column = cfg.column
     try:
         docs = [r[column] if isinstance(r[column], np.ndarray) else np.asarray(r[column]) for r in recs]
-    except (KeyError, TypeError):
-        found = sorted(recs[0]) if recs and isinstance(recs[0], dict) else type(recs[0]).__name__
-        raise TidalError(
-            f"pack() packs the token ids of column {column!r}, which these records lack (they have {found}): "
-            "tokenize() text first, or pass pack(column=...)"
-        ) from None
-    for d in docs:
-        if d.ndim != 1 or d.dtype.kind not in "iu":
-            raise TidalError(
-                f"pack(): column {column!r} must hold 1-D arrays of integer token ids, not {d.dtype}{d.shape}"
-            )
+    except (KeyError, TypeError, IndexError, ValueError):
+        docs = [_tokens(r, column) for r in recs]
+        if not seen and not any(isinstance(r, dict) and column in r for r in recs):
+            found = sorted(recs[0]) if recs and isinstance(recs[0], dict) else type(recs[0]).__name__
+            raise SchemaError(
+                f"pack() packs the token ids of column {column!r}, which these records lack (they have {found}): "
+                "tokenize() text first, or pass pack(column=...)"
+            ) from None
+    bad = [i for i, d in enumerate(docs) if d is None or d.ndim != 1 or (d.dtype.kind not in "iu" and d.size)]
+    empty = [
+        i for i, d in enumerate(docs) if d is not None and d.ndim == 1 and d.size == 0 and d.dtype.kind not in "iu"
+    ]
+    if empty:  # [] is a document of no tokens (numpy makes it floats): of the others' type
+        kind = next((d.dtype for d in docs if d is not None and d.ndim == 1 and d.dtype.kind in "iu"), np.int64)
+        for i in empty:
+            docs[i] = np.zeros(0, dtype=kind)
+    if bad:
+        locator = upstream.locate()
+        for i in bad:
+            d = docs[i]
+            found = "no such field" if d is None else f"{d.dtype}{d.shape}" if d.dtype != object else "null"
+            locator.reject(i, f"pack(): column {column!r} must hold 1-D integer token ids, found {found}")
+        skip = set(bad)
+        docs = [d for i, d in enumerate(docs) if i not in skip]
     if cfg.eos is not None:
         docs = [np.append(d, np.asarray(cfg.eos, dtype=d.dtype)) for d in docs]
     return docs
+
+
+def _tokens(rec: Any, column: str) -> np.ndarray | None:
+    """The value of ``column`` in ``rec`` as an array; None where it has none."""
+    if not isinstance(rec, dict) or column not in rec:
+        return None
+    try:
+        return np.asarray(rec[column])
+    except (TypeError, ValueError):  # ragged nested lists
+        return np.asarray(None)
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, n: int, cfg: PackConfig) -> Columns:
@@ -156,6 +183,7 @@ class ConcatPackIterator(StageIterator):
         self._pos = 0  # token offset into the first chunk
         self._ended = False
         self._dtype = np.dtype(np.int64)
+        self._seen = False  # whether a record had the column yet
         self.sequences = self.tokens = 0
         if position is not None:
             token = position.integer(k.TOKEN)
@@ -172,7 +200,8 @@ class ConcatPackIterator(StageIterator):
         except StopIteration:
             self._ended = True
             return
-        docs = _doc_tokens(recs, self._cfg)
+        docs = _doc_tokens(recs, self._cfg, self._up, self._seen)
+        self._seen = True
         if docs:
             self._dtype = docs[0].dtype
         self._chunks.append(_Chunk(state, consumed, docs, self._dtype))
@@ -244,6 +273,7 @@ class BestFitPackIterator(StageIterator):
         self._emitted = 0
         self._buffer_position: dict | None = None
         self._buffer_used: dict = {}
+        self._seen = False  # whether a record had the column yet
         self.sequences = self.tokens = self.padding = 0
         if position is not None:
             emitted = position.integer(k.EMITTED)
@@ -265,7 +295,8 @@ class BestFitPackIterator(StageIterator):
                 recs = records(self._up.next(cfg.chunk_docs))
             except StopIteration:
                 break
-            new = _doc_tokens(recs, cfg)
+            new = _doc_tokens(recs, cfg, self._up, self._seen)
+            self._seen = True
             docs += new
             total += sum(len(d) for d in new)
         if docs:

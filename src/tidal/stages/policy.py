@@ -27,7 +27,6 @@ class Policy:
         self.first: list[str] = []  # the first few errors skipped
         self.logged: set[str] = set()
         self.bad_files: set[str] = set()  # files with a part (not a record) unreadable
-        self.missing: dict[str, str] = {}  # columns= names missing from records of this block: first error
         self.stopped: BaseException | None = None  # what the user's function raised
         # while a block's files are read in threads: what they skipped, per file, handed over
         # afterwards in file order (see replay), so that logs, counts and a function see what
@@ -44,6 +43,12 @@ class Policy:
         if deferred is not None:
             deferred.setdefault(path, []).append(error)
             return
+        self.now(path, error)
+
+    def now(self, path: str, error: TidalError) -> None:
+        """The policy on ``error`` at once, whatever threads are reading (a record found bad downstream)."""
+        if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
+            raise error
         if callable(self.errors):
             try:
                 self.errors(error)
@@ -52,9 +57,6 @@ class Policy:
                 raise
         if len(self.first) < self.KEEP:
             self.first.append(str(error))
-        column = getattr(error, "column", None)
-        if column is not None:
-            self.missing.setdefault(column, str(error))
         if isinstance(error, FormatError):
             self.bad_files.add(path)
         if self.errors == "skip" and path not in self.logged:  # a function logs if it wants to

@@ -6,8 +6,9 @@ escape (a file that cannot be opened, or read to the rows asked for) is named by
 handed to the policy too, and under ``"skip"`` the slice read is skipped: counted, never
 silently short. Two things are errors under every policy, since skipping cannot fix them and
 would spin: a block in which no record has a column asked for (``columns=`` on JSON lines or
-WebDataset, which have no schema to check first), and an epoch of a reader's share in which
-every record was skipped.
+WebDataset, which have no schema to check first: a record without it has None there, but a
+column no record of a block has is taken for a typo), and an epoch of a reader's share in
+which every record was skipped.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 
 from tidal import env
-from tidal.errors import ConfigError, FormatError, SchemaError, StateError, StorageError, TidalError
+from tidal.errors import ConfigError, FormatError, RecordError, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Errors, Located, Piece, Reader, data_errors, exhausted, module, threaded
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shards
-from tidal.stages import Context, Stage, StageIterator
+from tidal.stages import Context, Locator, Stage, StageIterator, Unlocated
 from tidal.stages.policy import Policy
 from tidal.stages.readers import NotOpened, OpenReaders
 from tidal.stages.transform import reference
@@ -35,7 +36,7 @@ from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.storage.config import Storage, public_source
 from tidal.storage.retry import redact_urls
-from tidal.tables import Table, concat, cut, decoded, take
+from tidal.tables import Table, concat, cut, decoded, length, take
 from tidal.world import World
 
 if TYPE_CHECKING:
@@ -134,9 +135,17 @@ RELEASE_BYTES = 32 << 20
 class _Block:
     """One loaded block, its records already in yield order, and where skipped records were."""
 
-    def __init__(self, table: Table, valid_before: np.ndarray | None):
+    def __init__(
+        self,
+        table: Table,
+        valid_before: np.ndarray | None,
+        slices: list[tuple[int, int, int]],
+        rows: np.ndarray | None,
+    ):
         self.table = table
         self.valid_before = valid_before  # kept records before each position; None: all kept
+        self.slices = slices  # (shard, first row, stop) of each file read, in order
+        self.rows = rows  # where each record of ``table`` was among the slices' rows; None: in order
 
     def span(self, offset: int, stop: int, max_items: int) -> tuple[int, int, int]:
         """(first row, last row, next offset) of up to ``max_items`` kept records from ``offset``."""
@@ -149,6 +158,24 @@ class _Block:
         # the position just past the record numbered last - 1
         nxt = int(np.searchsorted(vb, last, side="left")) if last > first else stop
         return first, last, min(nxt, stop)
+
+
+class _Rows(Locator):
+    """Where the records of a table the source stage returned came from: records ``first ..``
+    of a block (not the block itself, which may be freed by then)."""
+
+    def __init__(self, reader: ReadIterator, block: _Block, first: int):
+        self._reader, self._slices, self._rows, self._first = reader, block.slices, block.rows, first
+
+    def reject(self, i: int, why: str) -> None:
+        at = self._first + i
+        at = int(self._rows[at]) if self._rows is not None else at
+        for shard, a, z in self._slices:
+            if at < z - a:
+                self._reader.reject(shard, a + at, why)
+                return
+            at -= z - a
+        raise IndexError(i)
 
 
 class ReadIterator(StageIterator):
@@ -180,6 +207,7 @@ class ReadIterator(StageIterator):
         self._order: EpochOrder | None = None
         self._block_index = -1
         self._block: _Block | None = None
+        self._last: tuple[_Block, int] | None = None  # the block the last table was cut from, and where
         self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
         self.skipped = 0  # bad records dropped under errors="skip"
         self._policy = Policy(plan.errors)
@@ -303,7 +331,18 @@ class ReadIterator(StageIterator):
             self.passed += base + nxt - pos
             if last > first:
                 self._kept += last - first
+                self._last = (block, first)
                 return cut(block.table, first, last)
+
+    def locate(self) -> Locator:
+        return _Rows(self, *self._last) if self._last is not None else Unlocated()
+
+    def reject(self, shard: int, row: int, why: str) -> None:
+        """Record ``row`` of ``shard``, yielded last, was found bad downstream: to the policy."""
+        path = redact_urls(self._plan.shards[shard].path)
+        self._policy.now(path, RecordError(why, path=path, row=row))  # raises unless the policy skips it
+        self.skipped += 1
+        self._kept -= 1
 
     def _check_epoch(self, records: int) -> None:
         """An epoch of this reader's share in which every record was skipped is an error: under
@@ -334,7 +373,7 @@ class ReadIterator(StageIterator):
     def _load(self, order: EpochOrder, b: int) -> _Block:
         if self._block_index == b and self._block is not None:
             return self._block
-        self._block = None  # free the old block before reading the new one
+        self._block = self._last = None  # free the old block before reading the new one
         slices = order.slices(b)
         remote = self._prefetcher()
         if remote is not None:  # fetch this block's and the next blocks' shards in the background
@@ -346,27 +385,32 @@ class ReadIterator(StageIterator):
             self._readers.close_idle(lambda i: i in keep or not remote.is_remote(i))  # done with: evictable
             remote.ahead(now, later)
         tables, masks, any_skipped = [], [], False
-        self._policy.missing.clear()
+        absent: dict[str, str] | None = None  # columns asked for that no record of the block has so far
         for (_, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
             self.rows_read += z - a
+            if length(piece.table):
+                absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
             if piece.valid is not None:
                 self.skipped += int((~piece.valid).sum())
             if piece.valid is None or piece.valid.any():
                 tables.append(piece.table)
             masks.append(np.ones(z - a, dtype=bool) if piece.valid is None else piece.valid)
             any_skipped |= piece.valid is not None
+        if absent:
+            column, where = next(iter(absent.items()))
+            raise SchemaError(
+                f"no record of a block of {int(order.starts[b + 1] - order.starts[b])} has the column {column!r} "
+                f"asked for with columns= ({where}): a typo? A field so rare that a whole block lacks it is "
+                "read without columns= (each record keeps the fields it has)"
+            )
         table = concat(tables) if tables else []
         del tables  # the pieces: freed once the block is made of them
         perm = order.permutation(b)
+        rows = perm  # where each record of the block's table was among the slices' rows
         valid_before = None
         if any_skipped:
             valid = np.concatenate(masks)
-            if self._policy.missing and not valid.any():
-                column, first = next(iter(self._policy.missing.items()))
-                raise SchemaError(
-                    f"no record of a block of {len(valid)} has the column {column!r} asked for with columns= "
-                    f"(the first: {first}); errors='skip' is for bad records, not for a column the data lacks"
-                )
+            rows = np.flatnonzero(valid) if perm is None else perm[valid[perm]]
             kept_index = np.cumsum(valid) - 1  # row in ``table`` of each kept position
             if perm is not None:
                 valid = valid[perm]
@@ -378,7 +422,7 @@ class ReadIterator(StageIterator):
                 table = decoded(table)
         if perm is not None:
             table = take(table, perm)
-        self._block_index, self._block = b, _Block(table, valid_before)
+        self._block_index, self._block = b, _Block(table, valid_before, slices, rows)
         self._read_ahead(order, b + 1)
         if self._arrow_loaded >= RELEASE_BYTES:  # the blocks' freed memory back to the system, now and then:
             pa.default_memory_pool().release_unused()  # a call costs ~2 ms, too much for every small block
@@ -529,7 +573,7 @@ class ReadIterator(StageIterator):
         except Exception:  # the interpreter is exiting (its globals are gone): the threads were joined already
             pass
         self._readers.close()
-        self._block = None
+        self._block = self._last = None
         if self._remote is not None:
             self._remote.close()
 

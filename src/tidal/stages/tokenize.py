@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tidal import env
-from tidal.errors import ArgumentError, ConfigError, FormatError, TidalError, needs
-from tidal.stages import Context, StageIterator, Stateless, Step, add_stats
+from tidal.errors import ArgumentError, ConfigError, FormatError, SchemaError, TidalError, needs
+from tidal.stages import Context, Kept, Locator, StageIterator, Stateless, Step, add_stats
 from tidal.state.view import View
 from tidal.tables import Table, records
 
@@ -135,18 +135,35 @@ class TokenizeIterator(Stateless):
         self.exact = upstream.exact  # one document per upstream record
         self.documents = 0
         self.tokens = 0
+        self._seen = False  # whether a record had the column yet
+        self._kept: list[int] | None = None  # the upstream items the last table holds; None: all
 
     def next(self, max_items: int) -> Table:
-        table = self._up.next(max_items)
-        recs = records(table)
+        while True:  # StopIteration from upstream ends this stage too
+            out = self._tokenize(records(self._up.next(max_items)))
+            if out:
+                return out
+
+    def _tokenize(self, recs: list[Any]) -> list[Any]:
         column = self._column
+        self._kept = None
         try:
             texts = [r[column] for r in recs]
-        except (KeyError, TypeError):
-            raise TidalError(f"tokenize: records need a {column!r} column; got {sorted(recs[0])}") from None
+        except (KeyError, TypeError, IndexError):
+            texts = [r.get(column) if isinstance(r, dict) else None for r in recs]
         if not all(isinstance(t, str) for t in texts):
-            bad = next(t for t in texts if not isinstance(t, str))
-            raise TidalError(f"tokenize: column {column!r} must hold strings, found {type(bad).__name__}")
+            has = [isinstance(r, dict) and column in r for r in recs]
+            if not self._seen and not any(has):  # the column is not in the data: no record to skip
+                found = sorted(recs[0]) if isinstance(recs[0], dict) else type(recs[0]).__name__
+                raise SchemaError(f"tokenize: records need a {column!r} column; got {found}")
+            locator = self._up.locate()
+            for i, text in enumerate(texts):  # a record without text is bad data: the errors policy's
+                if not isinstance(text, str):
+                    found = type(text).__name__ if has[i] else "no such field"
+                    locator.reject(i, f"tokenize: column {column!r} must hold a string, found {found}")
+            self._kept = [i for i, t in enumerate(texts) if isinstance(t, str)]
+            recs, texts = [recs[i] for i in self._kept], [texts[i] for i in self._kept]
+        self._seen = True
         eos, dtype, cap = self._tok.eos_id, self._tok.dtype, self._max_length
         out = []
         for rec, ids in zip(recs, self._tok.encode(texts), strict=True):
@@ -159,6 +176,10 @@ class TokenizeIterator(Stateless):
             out.append({**{k: v for k, v in rec.items() if k != column}, "input_ids": arr})
         self.documents += len(out)
         return out
+
+    def locate(self) -> Locator:
+        up = self._up.locate()
+        return up if self._kept is None else Kept(up, self._kept)
 
     def stats(self) -> dict:
         return add_stats(self._up.stats(), {"documents": self.documents, "tokens": self.tokens})

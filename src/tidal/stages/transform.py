@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.errors import ConfigError
-from tidal.stages import Context, StageIterator, Stateless, Step
+from tidal.stages import Context, Kept, Locator, StageIterator, Stateless, Step
 from tidal.state.view import View
 from tidal.tables import Table, keep, records
 
@@ -101,11 +101,15 @@ class MapIterator(Stateless):
         fn = self._fn
         return [fn(r) for r in records(self._up.next(max_items))]
 
+    def locate(self) -> Locator:
+        return self._up.locate()
+
 
 class FilterIterator(Stateless):
     def __init__(self, upstream: StageIterator, fn: Callable[[Any], bool]):
         super().__init__(upstream)
         self._fn = fn
+        self._mask: list[bool] | None = None  # what the last table kept of upstream's; None: all
 
     def next(self, max_items: int) -> Table:
         fn = self._fn
@@ -113,4 +117,10 @@ class FilterIterator(Stateless):
             table = self._up.next(max_items)
             mask = [bool(fn(r)) for r in records(table)]
             if any(mask):
-                return table if all(mask) else keep(table, mask)
+                every = all(mask)
+                self._mask = None if every else mask
+                return table if every else keep(table, mask)
+
+    def locate(self) -> Locator:
+        up, mask = self._up.locate(), self._mask
+        return up if mask is None else Kept(up, [i for i, m in enumerate(mask) if m])

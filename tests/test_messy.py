@@ -1,0 +1,159 @@
+"""Messy records as real corpora hold them: nulls, optional fields, records a stage cannot use.
+
+A null where a stage needs a value is a RecordError naming the file and row, put to the
+``errors`` policy like any bad record, in the training process and in DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import tidal
+
+EOS = 1000
+
+
+def word_tokenizer() -> Tokenizer:
+    vocab = {str(i): i for i in range(EOS)} | {"<eos>": EOS}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok
+
+
+def corpus(root: Path, bad: dict[tuple[int, int], dict], files: int = 3, rows: int = 20) -> Path:
+    """``files`` JSON lines files of ``rows`` documents ``{"id", "text"[, "lang"]}``; ``bad``
+    replaces record ``(file, row)``."""
+    root.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        lines = []
+        for r in range(rows):
+            rec: dict = {"id": f * 1000 + r, "text": f"{f} {r} {r}"}
+            if r % 3 == 0:
+                rec["lang"] = "en"  # an optional field, as web dumps have
+            lines.append(json.dumps(bad.get((f, r), rec)))
+        (root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+BAD = {(1, 5): {"id": 1005, "text": None}, (2, 11): {"id": 2011}, (0, 7): {"id": 7, "text": 42}}
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_record_tokenize_cannot_use_names_its_file_and_row(tmp_path: Path, shuffled: bool) -> None:
+    root = corpus(tmp_path / "c", BAD)
+    ds = tidal.Dataset(root)
+    ds = ds.shuffle(seed=3, block_size=25) if shuffled else ds
+    with pytest.raises(tidal.RecordError, match=r"part-\d\.jsonl, row \d+: tokenize: column 'text' must hold a string"):
+        list(ds.tokenize(word_tokenizer(), eos=EOS))
+    errors: list[tidal.RecordError] = []
+    ds = tidal.Dataset(root, errors=errors.append)
+    ds = ds.shuffle(seed=3, block_size=25) if shuffled else ds
+    got = list(ds.tokenize(word_tokenizer(), eos=EOS))
+    assert len(got) == 60 - 3 and {r["id"] for r in got}.isdisjoint({1005, 2011, 7})
+    where = sorted((Path(e.path).name, e.row) for e in errors)
+    assert where == [("part-0.jsonl", 7), ("part-1.jsonl", 5), ("part-2.jsonl", 11)]
+    found = {e.row: str(e) for e in errors}
+    assert "found int" in found[7] and "found NoneType" in found[5] and "found no such field" in found[11]
+
+
+def test_skipped_records_are_counted_and_the_rest_read_once(tmp_path: Path) -> None:
+    root = corpus(tmp_path / "c", BAD)
+    ds = tidal.Dataset(root, errors="skip").shuffle(seed=1, block_size=16).filter(keep_odd_rows)
+    it = iter(ds.tokenize(word_tokenizer(), eos=EOS))
+    got = [r["id"] for r in it]
+    # the filter drops even rows: row 5 of file 1, row 11 of file 2 and row 7 of file 0 reach tokenize
+    want = {f * 1000 + r for f in range(3) for r in range(20) if r % 2} - {1005, 2011, 7}
+    assert sorted(got) == sorted(want)
+    assert it.stats()["skipped"] == 3
+
+
+def keep_odd_rows(rec: dict) -> bool:
+    return rec["id"] % 2 == 1
+
+
+def test_a_mixture_names_the_file_of_the_stream_the_record_came_from(tmp_path: Path) -> None:
+    clean = corpus(tmp_path / "clean", {})
+    messy = corpus(tmp_path / "messy", {(1, 5): {"id": 1005, "text": None}})
+    mixed = tidal.mix({"clean": tidal.Dataset(clean), "messy": tidal.Dataset(messy)}, weights=[0.5, 0.5], seed=0)
+    with pytest.raises(tidal.RecordError, match=r"messy/part-1\.jsonl, row 5: tokenize"):
+        list(mixed.tokenize(word_tokenizer(), eos=EOS))
+    mixed = tidal.mix(
+        {"clean": tidal.Dataset(clean), "messy": tidal.Dataset(messy, errors="skip")}, weights=[0.5, 0.5], seed=0
+    )
+    it = iter(mixed.tokenize(word_tokenizer(), eos=EOS))
+    ids = [r["id"] for r in it]
+    assert ids.count(1005) <= 1 and it.stats()["skipped"] == 1  # the clean stream's 1005, not the null one
+
+
+def test_a_column_no_record_has_is_a_schema_error_under_every_policy(tmp_path: Path) -> None:
+    root = corpus(tmp_path / "c", {})
+    for errors in ("raise", "skip"):
+        with pytest.raises(tidal.SchemaError, match=r"records need a 'body' column"):
+            list(tidal.Dataset(root, errors=errors).tokenize(word_tokenizer(), column="body", eos=EOS))
+        with pytest.raises(tidal.SchemaError, match=r"column 'ids', which these records lack"):
+            list(tidal.Dataset(root, errors=errors).pack(8, column="ids"))
+
+
+def test_a_null_document_pack_cannot_pack_names_its_file_and_row(tmp_path: Path) -> None:
+    ids = pa.array([[1, 2, 3], None, [4, 5], [6, 7, 8, 9], [], [10, 11]], type=pa.list_(pa.int32()))
+    pq.write_table(pa.table({"ids": ids}), tmp_path / "ids.parquet")
+    with pytest.raises(tidal.RecordError, match=r"ids\.parquet, row 1: pack\(\): column 'ids' must hold 1-D integer"):
+        list(tidal.Dataset(tmp_path).pack(4, column="ids", eos=0))
+    it = iter(tidal.Dataset(tmp_path, errors="skip").pack(4, column="ids", eos=0))
+    tokens = np.concatenate([s["input_ids"] for s in it]).tolist()
+    assert tokens == [1, 2, 3, 0, 4, 5, 0, 6, 7, 8, 9, 0]  # the rest, 0 10 11 0, is shorter than a sequence + 1
+    assert it.stats()["skipped"] == 1
+    it = iter(tidal.Dataset(tmp_path, errors="skip").pack(4, column="ids", eos=0, strategy="best_fit"))
+    assert sum(int((s["input_ids"] != 0).sum()) for s in it) == 11 and it.stats()["skipped"] == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_skips_what_tokenize_cannot_use_in_workers_too(tmp_path: Path, workers: int) -> None:
+    root = corpus(tmp_path / "c", BAD)
+    ds = tidal.Dataset(root).shuffle(seed=2).tokenize(word_tokenizer(), eos=EOS).batch(4, drop_last=False)
+    with pytest.raises(tidal.RecordError, match=r"part-\d\.jsonl, row \d+: tokenize"):
+        for _ in tidal.DataLoader(ds, num_workers=workers):
+            pass
+    ds = (
+        tidal.Dataset(root, errors="skip").shuffle(seed=2).tokenize(word_tokenizer(), eos=EOS).batch(4, drop_last=False)
+    )
+    loader = tidal.DataLoader(ds, num_workers=workers)
+    ids = sorted(i for batch in loader for i in batch["id"].tolist())
+    assert ids == sorted({f * 1000 + r for f in range(3) for r in range(20)} - {1005, 2011, 7})
+    assert loader.stats()["skipped"] == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_optional_fields_batch_with_none_where_a_record_lacks_one(tmp_path: Path, workers: int) -> None:
+    root = corpus(tmp_path / "c", {})
+    for ds in (tidal.Dataset(root), tidal.Dataset(root, columns=["id", "lang"])):
+        batches = list(tidal.DataLoader(ds.batch(6), num_workers=workers))
+        ids = [i for b in batches for i in b["id"].tolist()]
+        langs = [x for b in batches for x in b["lang"]]
+        assert sorted(ids) == sorted(f * 1000 + r for f in range(3) for r in range(20))
+        assert [lang for i, lang in zip(ids, langs, strict=True) if i % 1000 % 3 == 0] == ["en"] * 21
+        assert langs.count(None) == 60 - 21
+
+
+def test_a_webdataset_sample_without_a_field_asked_for_has_none_there(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        for i in range(4):
+            members = {"txt": f"doc {i}".encode()} | ({"json": b'{"lang": "en"}'} if i % 2 == 0 else {})
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"s{i}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    got = list(tidal.Dataset(tmp_path, columns=["txt", "json"]))
+    assert [r["json"] for r in got] == [{"lang": "en"}, None, {"lang": "en"}, None]
+    with pytest.raises(tidal.SchemaError, match=r"no webdataset file has a field 'jsn'"):
+        tidal.Dataset(tmp_path, columns=["txt", "jsn"])

@@ -156,9 +156,10 @@ def test_skip_moves_every_row_on(tmp_path: Path) -> None:
     resumed = tidal.DataLoader(ds, num_workers=2)
     resumed.load_state_dict(skipped)
     rest = [b["id"].tolist() for b in resumed]
-    assert rest[0] == whole[15]  # every row moved on by 10 records: the batch 10 steps later
+    assert rest == whole[15:]  # every row moved on by 10 records: exactly the batches 10 steps later
     ids = [i for b in head + rest for i in b]
     assert len(ids) == len(set(ids)) == (len(whole) - 10) * 4
+    assert "records used up in epochs in progress: 60" in tidal.state.show(skipped)  # 15 batches x 4 rows
 
 
 def test_misuse_is_a_clear_error(tmp_path: Path) -> None:

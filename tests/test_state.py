@@ -83,3 +83,44 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert out.returncode == 2 and "not a tidal loader state" in out.stderr and "Traceback" not in out.stderr
     out = cli("show", str(tmp_path / "missing.json"))
     assert out.returncode == 2 and "missing.json" in out.stderr
+
+
+def keep_even(rec: dict) -> bool:
+    return rec["id"] % 2 == 0
+
+
+def test_a_skip_it_cannot_make_exactly_is_refused_unless_approximate(tmp_path: Path) -> None:
+    data = make_shards(tmp_path / "data", [40, 75, 13, 60])
+    for ds in (
+        tidal.Dataset(data).shuffle(seed=3).filter(keep_even).batch(4),
+        tidal.Dataset(data, errors="skip").shuffle(seed=3).batch(4),
+        tidal.mix([tidal.Dataset(data), tidal.Dataset(data)], weights=[1, 1], seed=0).batch(4),
+    ):
+        loader = tidal.DataLoader(ds, num_workers=2)
+        list(itertools.islice(loader, 3))
+        state = json.loads(json.dumps(loader.state_dict()))
+        with pytest.raises(tidal.StateError, match=r"varying number of source records.*run the loader on"):
+            skip(state, 5)
+        moved = skip(state, 5, approximate=True)
+        assert "skipped by `tidal state skip`: 5 batches" in show(moved)
+        tidal.DataLoader(ds, num_workers=2).load_state_dict(moved)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(state))
+    out = cli("skip", str(path), "--batches", "5")
+    assert out.returncode == 2 and "--approximate" in out.stderr
+    out = cli("skip", str(path), "--batches", "5", "--approximate")
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_skip_of_tokenized_batches_is_exact(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"record": 0, "<eos>": 1}, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    ds = tidal.Dataset(make_shards(tmp_path / "data", [40, 75, 13])).shuffle(seed=1).tokenize(tok, eos="<eos>").batch(3)
+    full = [b["id"] for b in tidal.DataLoader(ds, num_workers=2)]
+    loader = tidal.DataLoader(ds, num_workers=2)
+    list(itertools.islice(loader, 4))
+    resumed = tidal.DataLoader(ds, num_workers=2)
+    resumed.load_state_dict(skip(json.loads(json.dumps(loader.state_dict())), 6))
+    assert [b["id"].tolist() for b in resumed] == [b.tolist() for b in full[10:]]

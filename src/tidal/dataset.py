@@ -357,17 +357,16 @@ class Dataset:
 
     def records_per_batch(self) -> int | None:
         """How many source records every item holds, where that is fixed: plain records (1) or
-        plain batches (their size) read from files without filters, packing, mixing or
-        records skipped as bad; otherwise None. ``tidal state skip`` is exact where it is known."""
+        plain batches (their size, continuous rows included) read from files, mapped or
+        tokenized, without filters, packing, mixing or records skipped as bad; otherwise None.
+        ``tidal state skip`` is exact where it is known."""
         size = 1
         for stage in _main_line(self._stage):
             if isinstance(stage, Batch) and stage is self._stage:
-                if type(stage) is not Batch:  # continuous rows: one item of each of several readers
-                    return None
                 size = stage.size
             elif isinstance(stage, Read):
                 return size if stage.plan.errors == "raise" else None
-            elif not isinstance(stage, Map):
+            elif not isinstance(stage, (Map, Tokenize)):
                 return None
         return None
 

@@ -33,10 +33,16 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="a new state that skips the next N batches (e.g. after a loss spike)",
         description="Write a state that continues N batches (per rank) later than STATE, for stepping over the "
-        "data behind a loss spike. Exact for plain batches; an estimate otherwise (see tidal.state.skip).",
+        "data behind a loss spike. Exact where every batch holds a known number of records (plain and continuous "
+        "batches); refused otherwise, unless --approximate (see tidal.state.skip).",
     )
     q.add_argument("state", metavar="STATE", help="a state saved as JSON")
     q.add_argument("--batches", type=int, required=True, help="batches per rank to skip")
+    q.add_argument(
+        "--approximate",
+        action="store_true",
+        help="for packed, filtered or mixed batches: move on at the rate of records per batch read so far",
+    )
     q.add_argument("-o", "--output", default=None, help="where to write the new state (default: STATE.skipN.json)")
     q.set_defaults(run=skip)
 
@@ -73,7 +79,7 @@ def skip(args: argparse.Namespace) -> int:
 
     state = read(args.state)
     try:
-        new = skipped(state, args.batches)
+        new = skipped(state, args.batches, approximate=args.approximate)
     except StateError as exc:
         raise _named(args.state, exc) from None
     stem = args.state[: -len(".json")] if args.state.endswith(".json") else args.state

@@ -67,15 +67,18 @@ def show(state: dict) -> str:
     return "\n".join(lines)
 
 
-def skip(state: dict, batches: int) -> dict:
+def skip(state: dict, batches: int, *, approximate: bool = False) -> dict:
     """A state that continues ``batches`` batches (per rank) later, skipping the data between.
 
-    For plain batches (records read from files, mapped and batched, none skipped as bad) it
-    is exact: each worker moves on by the batches it would have made of the next ``batches``,
-    in the loader's round-robin order, and the state restores batch for batch, as if those
-    batches had been consumed. Otherwise each reader moves on by its part of the skipped
-    batches at the rate of records per batch it has read so far, and the result restores as
-    on another topology: from ``progress``, with the skipped records marked used.
+    Exact, and restored batch for batch as if those batches had been consumed, where every
+    batch holds a known number of source records: plain batches (records from files, mapped,
+    tokenized and batched, none skipped as bad) and continuous rows over them, whatever the
+    number of workers. Other batches (packing, filters, mixtures, records skipped as bad) hold
+    a varying number of records, so a skip from the state alone would be a guess: a
+    :class:`~tidal.StateError` says how to skip them exactly (run the loader on), unless
+    ``approximate=True``: then each reader moves on by its part of the skipped batches at the
+    rate of records per batch it has read so far (read ahead included, so it overshoots), and
+    the result restores as on another topology, with the skipped records marked used.
     """
     check_layout(state)
     if not isinstance(batches, int) or isinstance(batches, bool) or batches < 0:
@@ -85,6 +88,14 @@ def skip(state: dict, batches: int) -> dict:
     exact = _skip_plain(state, batches)
     if exact is not None:
         return exact
+    if not approximate:
+        raise StateError(
+            "the batches of this state hold a varying number of source records (packing, a filter, a mixture, "
+            "records skipped as bad, or a worker that had not yielded yet), so a skip computed from the state "
+            f"alone would be an estimate. To skip {batches} batches exactly, run the loader on: "
+            f"loader.load_state_dict(state), take {batches} batches and save loader.state_dict(). "
+            "For the estimate, pass approximate=True (tidal state skip --approximate)"
+        )
     out = copy.deepcopy(state)
     world_size, workers = state[k.TOPOLOGY]
     readers = world_size * workers
@@ -115,6 +126,8 @@ def _skip_plain(state: dict, batches: int) -> dict | None:
         return None
     ((key, src),) = state[k.SOURCES].items()
     readers = [w for r in state[k.RANKS] for w in r[k.WORKERS] if w is not None]
+    if readers and all(set(w[k.POSITION]) == {k.ROWS} for w in readers):
+        return _skip_rows(state, batches, rate)
     if any(set(w[k.POSITION]) != _READ for w in readers):
         return None
     world_size, workers = state[k.TOPOLOGY]
@@ -140,6 +153,52 @@ def _skip_plain(state: dict, batches: int) -> dict | None:
             }
             rank[k.WORKERS][w] = reader
         rank[k.NEXT_WORKER] = (start + batches) % workers
+        rank[k.COUNTS][k.BATCHES] += batches
+    out[k.PROGRESS] = progress_of(out)
+    out[k.SKIPPED_BATCHES] = state.get(k.SKIPPED_BATCHES, 0) + batches
+    return out
+
+
+def _skip_rows(state: dict, batches: int, rate: int) -> dict | None:
+    """:func:`skip` of continuous rows over plain records: every batch steps every row of every
+    worker by one record, so each row moves on ``batches`` records through its own share."""
+    ((key, src),) = state[k.SOURCES].items()
+    world_size, workers = state[k.TOPOLOGY]
+    if any(w is None for r in state[k.RANKS] for w in r[k.WORKERS]):
+        return None  # a worker that has not yielded: its rows are not in the state
+    rows = {len(w[k.POSITION][k.ROWS]) for r in state[k.RANKS] for w in r[k.WORKERS]}
+    if len(rows) != 1 or rows.pop() * workers != rate:
+        return None
+    lanes = rate // workers
+    origin = (state.get(k.ORIGIN) or {}).get(key) or {k.EPOCH: state[k.FIRST_EPOCH], k.DONE: {}}
+    sizes = _ShareSizes()
+    out = copy.deepcopy(state)
+    for r, rank in enumerate(out[k.RANKS]):
+        for w, reader in enumerate(rank[k.WORKERS]):
+            used, moved_all = [], 0
+            for lane, position in enumerate(reader[k.POSITION][k.ROWS]):
+                if set(position) != _READ or reader[k.WITHIN]:
+                    return None
+                consumer = (r * workers + w) * lanes + lane
+                epoch, offset, moved = _move(
+                    sizes,
+                    key,
+                    src,
+                    origin,
+                    world_size * workers * lanes,
+                    consumer,
+                    position,
+                    position[k.OFFSET],
+                    batches,
+                )
+                position.update({k.EPOCH: epoch, k.OFFSET: offset, k.PASSED: position[k.PASSED] + moved})
+                used += [epoch, offset]
+                moved_all += moved
+            reader[k.USED] = {key: used}
+            reader[k.COUNTS] = {
+                k.ITEMS: reader[k.COUNTS][k.ITEMS] + batches,
+                k.RECORDS: reader[k.COUNTS][k.RECORDS] + moved_all,
+            }
         rank[k.COUNTS][k.BATCHES] += batches
     out[k.PROGRESS] = progress_of(out)
     out[k.SKIPPED_BATCHES] = state.get(k.SKIPPED_BATCHES, 0) + batches

@@ -124,7 +124,11 @@ def test_the_loader_dataset_yields_plain_batches_to_other_loaders(data: Path) ->
 def test_a_function_that_does_not_pickle_is_named_before_workers_spawn(data: Path) -> None:
     ds = tidal.Dataset(data).map(lambda r: r).batch(4)
     loader = tidal.DataLoader(ds, num_workers=2, multiprocessing_context="spawn")
-    with pytest.raises(TypeError, match=r"map\(.*<lambda>\).*'spawn'.*define it at the top level"):
+    with pytest.raises(tidal.ArgumentError, match=r"map\(.*<lambda>\).*'spawn'.*define it at the top level"):
+        next(iter(loader))
+    ds = tidal.Dataset(data, errors=lambda e: None).batch(4)  # an errors= policy travels with the dataset too
+    loader = tidal.DataLoader(ds, num_workers=2, multiprocessing_context="spawn")
+    with pytest.raises(tidal.ArgumentError, match=r"errors='.*<lambda>'.*'spawn'.*define it at the top level"):
         next(iter(loader))
 
 

@@ -149,7 +149,7 @@ def test_what_cannot_make_global_arrays_is_refused(data: Path) -> None:
 
 def test_a_function_that_does_not_pickle_is_named_before_reader_processes_start(data: Path) -> None:
     loader = tidal.jax.Loader(tidal.Dataset(data).map(lambda r: r).batch(4), worker_type="process")
-    with pytest.raises(TypeError, match=r"<lambda>\): tidal.jax.Loader workers started with 'spawn'"):
+    with pytest.raises(tidal.ArgumentError, match=r"<lambda>\): tidal.jax.Loader workers started with 'spawn'"):
         iter(loader)
 
 

@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from tidal.errors import ArgumentError
 from tidal.stages import Stage, walk
+from tidal.stages.read import Read
 from tidal.stages.transform import Filter, Map
 from tidal.state import keys as k
 
@@ -267,11 +269,16 @@ def check_pickles(stage: Stage, workers: str) -> None:
     """Workers that receive the dataset pickled (spawn, forkserver): say which function does
     not pickle, instead of an error from inside the worker start. ``workers`` names them."""
     for part in walk(stage):
-        if isinstance(part, (Map, Filter)):
+        functions = [(part.call(), part.fn)] if isinstance(part, (Map, Filter)) else []
+        if isinstance(part, Read) and callable(part.plan.errors):
+            functions.append(
+                (f"errors={getattr(part.plan.errors, '__qualname__', part.plan.errors)!r}", part.plan.errors)
+            )
+        for what, fn in functions:
             try:
-                pickle.dumps(part.fn)
+                pickle.dumps(fn)
             except Exception as exc:
-                raise TypeError(
-                    f"{part.call()}: {workers} receive the dataset pickled, and this function does not "
+                raise ArgumentError(
+                    f"{what}: {workers} receive the dataset pickled, and this function does not "
                     f"pickle ({exc}); define it at the top level of a module"
                 ) from None

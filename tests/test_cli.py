@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import make_shards
 from s3_server import KEY, REGION, SECRET, S3Server
@@ -141,6 +142,17 @@ def test_inspect_reads_every_kind_of_format(tmp_path: Path) -> None:
         assert f"format: {name}" in out.stdout, (name, out.stdout)
         for column in columns:
             assert column in out.stdout, (name, column, out.stdout)
+
+
+def test_inspect_of_a_glob_over_several_formats_shows_the_columns_of_each(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"text": "a", "id": 1}\n')
+    pq.write_table(pa.table({"body": ["b"], "n": [2]}), tmp_path / "b.parquet")
+    (tmp_path / "c.csv").write_text("text,score\nx,1.5\n")
+    out = tidal_cli("inspect", str(tmp_path / "*"), "--samples", "1")
+    assert out.returncode == 0, out.stderr
+    for kind, file, columns in [("jsonl", "a.jsonl", "id"), ("parquet", "b.parquet", "body"), ("csv", "c.csv", "score")]:
+        assert f"columns ({kind} shards, of the first records, in {file}):" in out.stdout, out.stdout
+        assert columns in out.stdout.split(f"in {file}):")[1]
 
 
 def test_inspect_of_a_config_shows_the_pipeline_and_its_first_item(data: Path, tmp_path: Path) -> None:

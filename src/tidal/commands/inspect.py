@@ -59,14 +59,16 @@ def run(args: argparse.Namespace) -> int:
     print("format: " + ", ".join(f"{kind} ({n} shard{'s' * (n > 1)})" for kind, n in kinds.most_common()))
     readable = np.fromiter((e is None for e in shards.errors), dtype=bool, count=len(shards))
     counted = np.flatnonzero((shards.rows > 0) & readable)
-    first = shards[int(counted[0])] if len(counted) else None
-    if first is not None:
-        table = _first_table(ds, max(args.samples, 64))
-        print(f"columns (of the first records, in {os.path.basename(first.path)}):")
+    firsts = _first_of_each_format(shards, counted)
+    for i in firsts:
+        shard = shards[i]
+        table = _first_table(ds, i, max(args.samples, 64))
+        of = f"{_kind(shard)} shards, " if len(firsts) > 1 else ""
+        print(f"columns ({of}of the first records, in {os.path.basename(shard.path)}):")
         for name, kind in column_types(table).items():
             print(f"  {name:<20} {kind}")
         if args.samples:
-            print(f"samples (the first {args.samples}, in file order):")
+            print(f"samples (the first {args.samples} of {os.path.basename(shard.path)}):")
             for record in _records(table)[: args.samples]:
                 print("  " + show(record))
     print("shards:")
@@ -120,13 +122,29 @@ def _kind(shard: Any) -> str:
     return shard.format + (f".{shard.compression}" if shard.compression else "")
 
 
-def _first_table(ds: Dataset, n: int) -> Any:
-    """Up to ``n`` records from the start of the first shard, as the source reads them (an Arrow
-    table where the format reads Arrow)."""
+def _first_of_each_format(shards: Shards, counted: Any) -> list[int]:
+    """The first shard with records of each format (a glob may match several; each has its columns)."""
+    seen: dict[str, int] = {}
+    for i in counted.tolist():
+        seen.setdefault(f"{shards.formats[i]}.{shards.compressions[i]}", i)
+        if len(seen) == 8:  # enough to see that the formats differ
+            break
+    return list(seen.values())
+
+
+def _first_table(ds: Dataset, shard: int, n: int) -> Any:
+    """Up to ``n`` records from the start of shard number ``shard``, as the source reads them (an
+    Arrow table where the format reads Arrow)."""
+    from dataclasses import replace
+
     from tidal.stages import Context
+    from tidal.stages.read import Read
     from tidal.world import World
 
-    it = ds.stage.open(Context(World()), None)
+    def only(read: Read) -> Read:
+        return Read(replace(read.plan, shards=read.plan.shards[shard : shard + 1], seed=None))
+
+    it = ds.stage.with_source(only).open(Context(World()), None)
     try:
         return it.next(n)
     except StopIteration:

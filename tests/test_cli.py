@@ -150,7 +150,11 @@ def test_inspect_of_a_glob_over_several_formats_shows_the_columns_of_each(tmp_pa
     (tmp_path / "c.csv").write_text("text,score\nx,1.5\n")
     out = tidal_cli("inspect", str(tmp_path / "*"), "--samples", "1")
     assert out.returncode == 0, out.stderr
-    for kind, file, columns in [("jsonl", "a.jsonl", "id"), ("parquet", "b.parquet", "body"), ("csv", "c.csv", "score")]:
+    for kind, file, columns in [
+        ("jsonl", "a.jsonl", "id"),
+        ("parquet", "b.parquet", "body"),
+        ("csv", "c.csv", "score"),
+    ]:
         assert f"columns ({kind} shards, of the first records, in {file}):" in out.stdout, out.stdout
         assert columns in out.stdout.split(f"in {file}):")[1]
 

@@ -6,6 +6,7 @@ A null where a stage needs a value is a RecordError naming the file and row, put
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import tidal
@@ -92,13 +95,20 @@ def test_a_mixture_names_the_file_of_the_stream_the_record_came_from(tmp_path: P
     assert ids.count(1005) <= 1 and it.stats()["skipped"] == 1  # the clean stream's 1005, not the null one
 
 
-def test_a_column_no_record_has_is_a_schema_error_under_every_policy(tmp_path: Path) -> None:
-    root = corpus(tmp_path / "c", {})
-    for errors in ("raise", "skip"):
-        with pytest.raises(tidal.SchemaError, match=r"records need a 'body' column"):
-            list(tidal.Dataset(root, errors=errors).tokenize(word_tokenizer(), column="body", eos=EOS))
-        with pytest.raises(tidal.SchemaError, match=r"column 'ids', which these records lack"):
-            list(tidal.Dataset(root, errors=errors).pack(8, column="ids"))
+def test_a_column_no_record_has_is_a_schema_error_not_a_stream_of_skips(tmp_path: Path) -> None:
+    root = corpus(tmp_path / "c", {}, files=4)
+    # under "raise" the first record says it, with the fields it has; under "skip" the first 64 records
+    with pytest.raises(tidal.RecordError, match=r"row 0: tokenize: .*found no such field \(fields: id, lang, text\)"):
+        list(tidal.Dataset(root).tokenize(word_tokenizer(), column="body", eos=EOS))
+    with pytest.raises(tidal.SchemaError, match=r"none of the first \d+ records has a column 'body'"):
+        list(tidal.Dataset(root, errors="skip").tokenize(word_tokenizer(), column="body", eos=EOS))
+    with pytest.raises(tidal.SchemaError, match=r"none of the first \d+ records has a column 'ids'.*tokenize"):
+        list(tidal.Dataset(root, errors="skip").pack(8, column="ids"))
+    # a few records without the column (an optional field is not a typo): records the policy takes
+    with pytest.raises(tidal.RecordError, match=r"part-0.jsonl, row 1: tokenize: column 'lang' must hold a string"):
+        list(tidal.Dataset(root).tokenize(word_tokenizer(), column="lang", eos=EOS))
+    it = iter(tidal.Dataset(root, errors="skip").tokenize(word_tokenizer(), column="lang", eos=EOS))
+    assert len(list(it)) == 28 and it.stats()["skipped"] == 52
 
 
 def test_a_null_document_pack_cannot_pack_names_its_file_and_row(tmp_path: Path) -> None:
@@ -114,20 +124,24 @@ def test_a_null_document_pack_cannot_pack_names_its_file_and_row(tmp_path: Path)
     assert sum(int((s["input_ids"] != 0).sum()) for s in it) == 11 and it.stats()["skipped"] == 1
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_loader_skips_what_tokenize_cannot_use_in_workers_too(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, None), (2, "spawn")])
+def test_a_loader_skips_what_tokenize_cannot_use_in_workers_too(tmp_path: Path, workers: int, context: str) -> None:
     root = corpus(tmp_path / "c", BAD)
+    with (root / "part-0.jsonl").open("a") as f:
+        f.write(
+            '{"id": 99, "text": "cut\n[1, 2]\n'
+        )  # and lines that are not objects: each counted once, not per worker
     ds = tidal.Dataset(root).shuffle(seed=2).tokenize(word_tokenizer(), eos=EOS).batch(4, drop_last=False)
-    with pytest.raises(tidal.RecordError, match=r"part-\d\.jsonl, row \d+: tokenize"):
+    with pytest.raises(tidal.RecordError, match=r"part-\d\.jsonl, (row|line) \d+: "):
         for _ in tidal.DataLoader(ds, num_workers=workers):
             pass
     ds = (
         tidal.Dataset(root, errors="skip").shuffle(seed=2).tokenize(word_tokenizer(), eos=EOS).batch(4, drop_last=False)
     )
-    loader = tidal.DataLoader(ds, num_workers=workers)
+    loader = tidal.DataLoader(ds, num_workers=workers, multiprocessing_context=context)
     ids = sorted(i for batch in loader for i in batch["id"].tolist())
     assert ids == sorted({f * 1000 + r for f in range(3) for r in range(20)} - {1005, 2011, 7})
-    assert loader.stats()["skipped"] == 3
+    assert loader.stats()["skipped"] == 5
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -157,3 +171,65 @@ def test_a_webdataset_sample_without_a_field_asked_for_has_none_there(tmp_path: 
     assert [r["json"] for r in got] == [{"lang": "en"}, None, {"lang": "en"}, None]
     with pytest.raises(tidal.SchemaError, match=r"no webdataset file has a field 'jsn'"):
         tidal.Dataset(tmp_path, columns=["txt", "jsn"])
+
+
+# -- a property: messy records, every one yielded once or counted where it is ---------------------
+
+GOOD, NULL_TEXT, NO_TEXT, NUMBER_TEXT, NOT_JSON, NOT_OBJECT, OPTIONAL = range(7)
+
+
+def line_of(kind: int, rid: int) -> str:
+    return {
+        GOOD: json.dumps({"id": rid, "text": f"{rid % 7} {rid % 5}"}),
+        OPTIONAL: json.dumps({"id": rid, "text": "1 2", "lang": None if rid % 2 else "en"}),
+        NULL_TEXT: json.dumps({"id": rid, "text": None}),
+        NO_TEXT: json.dumps({"id": rid, "lang": "en"}),
+        NUMBER_TEXT: json.dumps({"id": rid, "text": rid}),
+        NOT_JSON: '{"id": ' + str(rid) + ', "text": "cut',
+        NOT_OBJECT: json.dumps([rid, "text"]),
+    }[kind]
+
+
+def collect(errors: list[tidal.TidalError], error: tidal.TidalError) -> None:
+    errors.append(error)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=25), min_size=1, max_size=5),
+    seed=st.integers(0, 3),
+    block=st.sampled_from([4, 16, 1000]),
+    workers=st.sampled_from([1, 2]),
+)
+def test_every_messy_record_is_yielded_once_or_counted_with_its_file_and_place(
+    tmp_path_factory: pytest.TempPathFactory, files: list[list[int]], seed: int, block: int, workers: int
+) -> None:
+    if sum(map(len, files)) % workers:
+        files[0].append(GOOD)  # an epoch that readers share evenly: no remainder dropped
+    root = tmp_path_factory.mktemp("messy")
+    good, bad = set(), set()
+    rid = 0
+    for f, kinds in enumerate(files):
+        lines = []
+        for i, kind in enumerate(kinds):
+            lines.append(line_of(kind, rid))
+            name = f"part-{f}.jsonl"
+            if kind in (GOOD, OPTIONAL):
+                good.add(rid)
+            else:  # a line that does not parse is named by its line, a record tokenize cannot use by its row
+                bad.add((name, "line", i + 1) if kind in (NOT_JSON, NOT_OBJECT) else (name, "row", i))
+            rid += 1
+        (root / name).write_text("\n".join(lines) + "\n")
+    errors: list[tidal.TidalError] = []
+    ds = tidal.Dataset(root, errors=functools.partial(collect, errors)).shuffle(seed=seed, block_size=block)
+    ds = ds.tokenize(word_tokenizer(), eos=EOS)
+    seen: list[int] = []
+    skipped = 0
+    for w in range(workers):
+        it = ds.iterator(tidal.World(0, 1, w, workers))
+        seen += [r["id"] for r in it]
+        skipped += it.stats()["skipped"]
+    assert sorted(seen) == sorted(good)  # each good record once
+    where = {(Path(e.path).name, "line" if e.line is not None else "row", e.line or e.row) for e in errors}
+    assert isinstance(errors[0], tidal.RecordError) if errors else True
+    assert where == bad and len(errors) == len(bad) == skipped

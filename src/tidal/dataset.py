@@ -78,8 +78,8 @@ class Dataset:
     No policy skips a ``columns=`` name the data does not have (a
     :class:`tidal.SchemaError`, raised at once where the files have a schema, else at the
     first block with no record holding it), a dataset none of whose files can be read,
-    or a reader that skipped every record of an epoch: each is an error, not an endless
-    stream of nothing.
+    or a repeating reader that skipped every record of an epoch: each is an error, not an
+    endless stream of nothing (in a finite pass, such a reader logs a warning).
 
     Symbolic links under a directory or glob are read where they point inside it; one that
     leads outside is an error naming it, unless ``follow_links=True``.

@@ -49,7 +49,7 @@ class SchemaError(FormatError):
 class RecordError(TidalError, ValueError):
     """A malformed record, or one a stage cannot use (a null where tokenize needs text);
     ``path`` and ``line`` (1-based) or ``row`` (0-based, the record's place in its file) say
-    where. Built from a message alone (as torch does when re-raising a worker's error in the
+    where (the message names the line where there is one). Built from a message alone (as torch does when re-raising a worker's error in the
     main process), the message is kept as it is.
     """
 

@@ -59,13 +59,14 @@ class JsonlReader:
                 rec = loads(data)
             except ValueError as exc:  # orjson's JSONDecodeError and the standard library's are ValueErrors
                 why = _json.reason(data, exc)
-                error = RecordError(f"malformed JSON record: {why}", path=self._path, line=lines[i])
+                error = RecordError(f"malformed JSON record: {why}", path=self._path, line=lines[i], row=start + i)
             else:
                 if not isinstance(rec, dict):
                     error = RecordError(
                         f"malformed JSON record: expected a JSON object, got {type(rec).__name__}",
                         path=self._path,
                         line=lines[i],
+                        row=start + i,
                     )
                 elif columns is not None and tuple(rec) != columns:  # fields as asked for: the record as it is
                     for c in columns:

@@ -38,7 +38,8 @@ class TextReader:
             try:
                 records.append({"text": str(data, "utf-8")})
             except UnicodeDecodeError as exc:
-                bad(self._errors, RecordError(f"not UTF-8 text: {exc}", path=self._path, line=lines[i]))
+                error = RecordError(f"not UTF-8 text: {exc}", path=self._path, line=lines[i], row=start + i)
+                bad(self._errors, error)
                 valid[i] = False
         return Piece(records, valid)
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import ConfigError, RecordError
+from tidal.errors import ConfigError, RecordError, SchemaError
 from tidal.state.view import View
 from tidal.tables import Table
 from tidal.world import World
@@ -83,6 +83,35 @@ class StageIterator(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+class Needed:
+    """A column a stage needs in every record (the text tokenize encodes, the ids pack packs). A
+    record without it is bad data, for the ``errors`` policy; a column that none of the first
+    :attr:`RUN` records has is a mistake in the pipeline (a typo, a step missing before): a
+    :class:`~tidal.SchemaError` under every policy, never a stream of skipped records."""
+
+    RUN = 64
+
+    def __init__(self, column: str, what: str, advice: str):
+        self.column, self._what, self._advice = column, what, advice
+        self.seen = False  # whether a record had it yet
+        self._lacking = 0  # records before the first that had it
+
+    def check(self, recs: list[Any]) -> None:
+        """Called with a table where some record lacks the column (or does not hold what it should)."""
+        if self.seen:
+            return
+        if any(isinstance(r, dict) and self.column in r for r in recs):
+            self.seen = True
+            return
+        self._lacking += len(recs)
+        if self._lacking >= self.RUN:
+            found = sorted(recs[0]) if isinstance(recs[0], dict) else type(recs[0]).__name__
+            raise SchemaError(
+                f"{self._what}: none of the first {self._lacking} records has a column {self.column!r} "
+                f"(they have {found}): {self._advice}"
+            )
 
 
 class Locator:

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from tidal.errors import SchemaError, StateError
-from tidal.stages import Context, StageIterator, Step, add_stats
+from tidal.errors import StateError
+from tidal.stages import Context, Needed, StageIterator, Step, add_stats
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.tables import Columns, Table, records
@@ -90,22 +90,18 @@ class Pack(Step):
         return {"pack": {k: v for k, v in args.items() if v is not None}}
 
 
-def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, seen: bool) -> list[np.ndarray]:
+def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, needed: Needed) -> list[np.ndarray]:
     """Each record's documents as an integer array, with ``cfg.eos`` appended when given. A record
     without one (a null, no such field, not 1-D integers) goes to the errors policy (``upstream``'s
-    :meth:`~tidal.stages.StageIterator.locate`); a column no record has, before any had it
-    (``seen``), is a SchemaError."""
+    :meth:`~tidal.stages.StageIterator.locate`); a column the first records all lack is a
+    SchemaError (``needed``)."""
     column = cfg.column
     try:
         docs = [r[column] if isinstance(r[column], np.ndarray) else np.asarray(r[column]) for r in recs]
+        needed.seen = True
     except (KeyError, TypeError, IndexError, ValueError):
         docs = [_tokens(r, column) for r in recs]
-        if not seen and not any(isinstance(r, dict) and column in r for r in recs):
-            found = sorted(recs[0]) if recs and isinstance(recs[0], dict) else type(recs[0]).__name__
-            raise SchemaError(
-                f"pack() packs the token ids of column {column!r}, which these records lack (they have {found}): "
-                "tokenize() text first, or pass pack(column=...)"
-            ) from None
+        needed.check(recs)
     bad = [i for i, d in enumerate(docs) if d is None or d.ndim != 1 or (d.dtype.kind not in "iu" and d.size)]
     empty = [
         i for i, d in enumerate(docs) if d is not None and d.ndim == 1 and d.size == 0 and d.dtype.kind not in "iu"
@@ -125,6 +121,10 @@ def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, seen: bool
     if cfg.eos is not None:
         docs = [np.append(d, np.asarray(cfg.eos, dtype=d.dtype)) for d in docs]
     return docs
+
+
+def needed(cfg: PackConfig) -> Needed:
+    return Needed(cfg.column, "pack()", "tokenize() text first, or pass pack(column=...) the column of token ids")
 
 
 def _tokens(rec: Any, column: str) -> np.ndarray | None:
@@ -183,7 +183,7 @@ class ConcatPackIterator(StageIterator):
         self._pos = 0  # token offset into the first chunk
         self._ended = False
         self._dtype = np.dtype(np.int64)
-        self._seen = False  # whether a record had the column yet
+        self._needed = needed(cfg)
         self.sequences = self.tokens = 0
         if position is not None:
             token = position.integer(k.TOKEN)
@@ -200,8 +200,7 @@ class ConcatPackIterator(StageIterator):
         except StopIteration:
             self._ended = True
             return
-        docs = _doc_tokens(recs, self._cfg, self._up, self._seen)
-        self._seen = True
+        docs = _doc_tokens(recs, self._cfg, self._up, self._needed)
         if docs:
             self._dtype = docs[0].dtype
         self._chunks.append(_Chunk(state, consumed, docs, self._dtype))
@@ -273,7 +272,7 @@ class BestFitPackIterator(StageIterator):
         self._emitted = 0
         self._buffer_position: dict | None = None
         self._buffer_used: dict = {}
-        self._seen = False  # whether a record had the column yet
+        self._needed = needed(cfg)
         self.sequences = self.tokens = self.padding = 0
         if position is not None:
             emitted = position.integer(k.EMITTED)
@@ -295,8 +294,7 @@ class BestFitPackIterator(StageIterator):
                 recs = records(self._up.next(cfg.chunk_docs))
             except StopIteration:
                 break
-            new = _doc_tokens(recs, cfg, self._up, self._seen)
-            self._seen = True
+            new = _doc_tokens(recs, cfg, self._up, self._needed)
             docs += new
             total += sum(len(d) for d in new)
         if docs:

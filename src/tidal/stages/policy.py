@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from tidal.errors import FormatError, TidalError
 from tidal.formats import Errors
@@ -28,6 +29,8 @@ class Policy:
         self.logged: set[str] = set()
         self.bad_files: set[str] = set()  # files with a part (not a record) unreadable
         self.stopped: BaseException | None = None  # what the user's function raised
+        # whether row ``row`` of file ``path`` is in this reader's share of the block being read
+        self.owns: Callable[[str, int], bool] | None = None
         # while a block's files are read in threads: what they skipped, per file, handed over
         # afterwards in file order (see replay), so that logs, counts and a function see what
         # reading them one by one shows
@@ -37,16 +40,19 @@ class Policy:
         return FilePolicy(self, path)
 
     def __call__(self, path: str, error: TidalError) -> None:
-        if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
-            raise error
         deferred = self.deferred
         if deferred is not None:
             deferred.setdefault(path, []).append(error)
             return
         self.now(path, error)
 
-    def now(self, path: str, error: TidalError) -> None:
-        """The policy on ``error`` at once, whatever threads are reading (a record found bad downstream)."""
+    def now(self, path: str, error: TidalError, mine: bool = False) -> None:
+        """The policy on ``error`` at once, whatever threads are reading. A bad record another
+        reader yields (readers read whole blocks, each yielding its share) is that reader's to
+        raise or count: ``mine`` when it is known to be this reader's (found bad downstream)."""
+        row = getattr(error, "row", None)
+        if not mine and row is not None and self.owns is not None and not self.owns(path, row):
+            return
         if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
             raise error
         if callable(self.errors):

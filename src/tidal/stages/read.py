@@ -7,8 +7,8 @@ handed to the policy too, and under ``"skip"`` the slice read is skipped: counte
 silently short. Two things are errors under every policy, since skipping cannot fix them and
 would spin: a block in which no record has a column asked for (``columns=`` on JSON lines or
 WebDataset, which have no schema to check first: a record without it has None there, but a
-column no record of a block has is taken for a typo), and an epoch of a reader's share in
-which every record was skipped.
+column no record of a block has is taken for a typo), and, under ``repeat()``, an epoch of a
+reader's share in which every record was skipped (in a finite pass: a warning).
 """
 
 from __future__ import annotations
@@ -158,6 +158,56 @@ class _Block:
         # the position just past the record numbered last - 1
         nxt = int(np.searchsorted(vb, last, side="left")) if last > first else stop
         return first, last, min(nxt, stop)
+
+
+class _Owned:
+    """Which rows of a block's files fall in this reader's share of the epoch: every reader
+    reads the whole block and yields its share of it, so a bad record is raised or counted
+    by the reader that would have yielded it, once in the job (worked out only for bad rows)."""
+
+    def __init__(
+        self,
+        reader: ReadIterator,
+        order: EpochOrder,
+        b: int,
+        slices: list[tuple[int, int, int]],
+        perm: np.ndarray | None,
+    ):
+        self._base = int(order.starts[b])
+        self._n = int(order.starts[b + 1]) - self._base
+        intervals, _ = reader._share(order.epoch)
+        self._intervals = [
+            (a - self._base, z - self._base) for a, z in intervals if a < self._base + self._n and z > self._base
+        ]
+        self._perm = perm
+        self._files: dict[str, list[tuple[int, int, int]]] = {}  # path: (first row, stop, where in the block)
+        at = 0
+        for shard, a, z in slices:
+            self._files.setdefault(redact_urls(reader._plan.shards[shard].path), []).append((a, z, at))
+            at += z - a
+        self._mine: np.ndarray | None = None
+
+    def mine(self) -> np.ndarray:
+        """Per row of the block (in file order), whether it is in this reader's share."""
+        if self._mine is None:
+            positions = np.zeros(self._n, dtype=bool)
+            for a, z in self._intervals:
+                positions[max(a, 0) : min(z, self._n)] = True
+            if self._perm is None:
+                self._mine = positions
+            else:  # position j yields row perm[j]
+                self._mine = np.zeros(self._n, dtype=bool)
+                self._mine[self._perm[positions]] = True
+        return self._mine
+
+    def count(self, bad: np.ndarray) -> int:
+        return int((bad & self.mine()).sum())
+
+    def __call__(self, path: str, row: int) -> bool:
+        for a, z, at in self._files.get(path, ()):
+            if a <= row < z:
+                return bool(self.mine()[at + row - a])
+        return True  # not a row of this block: it cannot be told, so it is this reader's
 
 
 class _Rows(Locator):
@@ -340,22 +390,25 @@ class ReadIterator(StageIterator):
     def reject(self, shard: int, row: int, why: str) -> None:
         """Record ``row`` of ``shard``, yielded last, was found bad downstream: to the policy."""
         path = redact_urls(self._plan.shards[shard].path)
-        self._policy.now(path, RecordError(why, path=path, row=row))  # raises unless the policy skips it
+        self._policy.now(path, RecordError(why, path=path, row=row), mine=True)  # raises unless it skips it
         self.skipped += 1
         self._kept -= 1
 
     def _check_epoch(self, records: int) -> None:
-        """An epoch of this reader's share in which every record was skipped is an error: under
-        ``repeat()`` the reader would spin forever, finding nothing to yield."""
+        """An epoch of this reader's share in which every record was skipped: under ``repeat()``
+        an error, since the reader would spin forever finding nothing to yield; in a finite pass
+        a warning (a reader's share of a small dataset may hold only bad records)."""
         if not self._whole_epoch or records == 0 or self._kept > 0:
             return
         why = "; ".join(self._policy.first) or "no error recorded"
-        forever = " forever" if self._plan.epochs is None else ""
-        raise TidalError(
+        message = (
             f"every one of the {records} records this reader read in epoch {self._epoch} was skipped as bad "
-            f"(errors={self._policy.errors!r}), so it would yield nothing{forever}. The first: {why}. "
-            "Check format= and columns=, and the files"
+            f"(errors={self._policy.errors!r}), so it yields nothing{' forever' if self._plan.epochs is None else ''}"
+            f". The first: {why}. Check format= and columns=, and the files"
         )
+        if self._plan.epochs is None:
+            raise TidalError(message)
+        log.warning("%s", message)
 
     def _epoch_order(self) -> EpochOrder:
         if self._order is None or self._order.epoch != self._epoch:
@@ -384,14 +437,14 @@ class ReadIterator(StageIterator):
             keep = {*now, *first_later}
             self._readers.close_idle(lambda i: i in keep or not remote.is_remote(i))  # done with: evictable
             remote.ahead(now, later)
+        perm = order.permutation(b)
+        owned = self._policy.owns = _Owned(self, order, b, slices, perm)  # bad records: this reader's only
         tables, masks, any_skipped = [], [], False
         absent: dict[str, str] | None = None  # columns asked for that no record of the block has so far
         for (_, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
             self.rows_read += z - a
             if length(piece.table):
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
-            if piece.valid is not None:
-                self.skipped += int((~piece.valid).sum())
             if piece.valid is None or piece.valid.any():
                 tables.append(piece.table)
             masks.append(np.ones(z - a, dtype=bool) if piece.valid is None else piece.valid)
@@ -405,11 +458,11 @@ class ReadIterator(StageIterator):
             )
         table = concat(tables) if tables else []
         del tables  # the pieces: freed once the block is made of them
-        perm = order.permutation(b)
         rows = perm  # where each record of the block's table was among the slices' rows
         valid_before = None
         if any_skipped:
             valid = np.concatenate(masks)
+            self.skipped += owned.count(~valid)  # the bad records of this reader's share
             rows = np.flatnonzero(valid) if perm is None else perm[valid[perm]]
             kept_index = np.cumsum(valid) - 1  # row in ``table`` of each kept position
             if perm is not None:

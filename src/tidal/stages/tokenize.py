@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tidal import env
-from tidal.errors import ArgumentError, ConfigError, FormatError, SchemaError, TidalError, needs
-from tidal.stages import Context, Kept, Locator, StageIterator, Stateless, Step, add_stats
+from tidal.errors import ArgumentError, ConfigError, FormatError, TidalError, needs
+from tidal.stages import Context, Kept, Locator, Needed, StageIterator, Stateless, Step, add_stats
 from tidal.state.view import View
 from tidal.tables import Table, records
 
@@ -80,6 +80,10 @@ def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
     return Tokenizer(backend, _eos_id(backend, eos, hf_eos), dtype, given)
 
 
+def _fields(rec: Any) -> str:
+    return ", ".join(sorted(rec)) if isinstance(rec, dict) else f"a {type(rec).__name__}, not a dict"
+
+
 def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | None:
     if eos is False:
         return None
@@ -135,7 +139,7 @@ class TokenizeIterator(Stateless):
         self.exact = upstream.exact  # one document per upstream record
         self.documents = 0
         self.tokens = 0
-        self._seen = False  # whether a record had the column yet
+        self._needed = Needed(column, "tokenize", "pass tokenize(column=...) the column of the text")
         self._kept: list[int] | None = None  # the upstream items the last table holds; None: all
 
     def next(self, max_items: int) -> Table:
@@ -152,18 +156,17 @@ class TokenizeIterator(Stateless):
         except (KeyError, TypeError, IndexError):
             texts = [r.get(column) if isinstance(r, dict) else None for r in recs]
         if not all(isinstance(t, str) for t in texts):
+            self._needed.check(recs)
             has = [isinstance(r, dict) and column in r for r in recs]
-            if not self._seen and not any(has):  # the column is not in the data: no record to skip
-                found = sorted(recs[0]) if isinstance(recs[0], dict) else type(recs[0]).__name__
-                raise SchemaError(f"tokenize: records need a {column!r} column; got {found}")
             locator = self._up.locate()
             for i, text in enumerate(texts):  # a record without text is bad data: the errors policy's
                 if not isinstance(text, str):
-                    found = type(text).__name__ if has[i] else "no such field"
+                    found = type(text).__name__ if has[i] else f"no such field (fields: {_fields(recs[i])})"
                     locator.reject(i, f"tokenize: column {column!r} must hold a string, found {found}")
             self._kept = [i for i, t in enumerate(texts) if isinstance(t, str)]
             recs, texts = [recs[i] for i in self._kept], [texts[i] for i in self._kept]
-        self._seen = True
+        else:
+            self._needed.seen = True
         eos, dtype, cap = self._tok.eos_id, self._tok.dtype, self._max_length
         out = []
         for rec, ids in zip(recs, self._tok.encode(texts), strict=True):

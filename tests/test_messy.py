@@ -233,3 +233,31 @@ def test_every_messy_record_is_yielded_once_or_counted_with_its_file_and_place(
     where = {(Path(e.path).name, "line" if e.line is not None else "row", e.line or e.row) for e in errors}
     assert isinstance(errors[0], tidal.RecordError) if errors else True
     assert where == bad and len(errors) == len(bad) == skipped
+
+
+@pytest.mark.parametrize("readers", [1, 2, 3])
+def test_bad_csv_rows_are_reported_once_by_the_reader_that_owns_them(tmp_path: Path, readers: int) -> None:
+    rows = ["text,score"] + [f"t{i},{i}" for i in range(60)]
+    rows[8] = "t7,7,extra"  # row 7, line 9
+    rows[41] = "t40"  # row 40, line 42
+    (tmp_path / "a.csv").write_text("\n".join(rows) + "\n")
+    errors: list[tidal.TidalError] = []
+    ds = tidal.Dataset(tmp_path, errors=functools.partial(collect, errors)).shuffle(seed=5, block_size=16)
+    seen = []
+    for w in range(readers):
+        it = ds.iterator(tidal.World(0, 1, w, readers))
+        seen += [r["text"] for r in it]
+    assert sorted((e.line, e.row) for e in errors) == [(9, 7), (42, 40)]
+    assert all("wrong number of fields" in str(e) for e in errors)
+    assert len(seen) + 2 == 60 and len(set(seen)) == len(seen)  # 60 rows: no remainder for 1, 2 or 3 readers
+
+
+def test_csv_types_are_each_files_and_text_keeps_na(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("text,score\na,1\nb,2\n")
+    (tmp_path / "b.csv").write_text("text,score\nNA,x\nnull,\n")
+    (tmp_path / "c.csv").write_text("text,score\nn/a,n/a\nd,4\n")
+    got = {r["text"]: r["score"] for r in tidal.Dataset(tmp_path)}
+    assert got == {"a": 1, "b": 2, "NA": "x", "null": "", "n/a": None, "d": 4}  # an empty text is ""
+    for workers in (0, 2):
+        batches = list(tidal.DataLoader(tidal.Dataset(tmp_path).batch(3), num_workers=workers))
+        assert {t: s for b in batches for t, s in zip(b["text"], b["score"], strict=True)} == got

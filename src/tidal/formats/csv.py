@@ -196,11 +196,14 @@ class CsvReader:
         self._errors = errors
         self._delimiter = _delimiter(path)
         self._cached: tuple[int, pa.Table | None, np.ndarray | None] = (-1, None, None)
+        self._bad_rows: list[RecordError] = []  # the bad records of the cached segment, for the rows read
 
     def _segment(self, k: int) -> tuple[pa.Table | None, np.ndarray | None]:
-        """Segment ``k``'s rows (only those kept) and which were kept (None: all)."""
+        """Segment ``k``'s rows (only those kept) and which were kept (None: all). Its bad records
+        are kept in ``_bad_rows``: :meth:`read` hands those of the rows it reads to the policy."""
         if self._cached[0] == k:
             return self._cached[1], self._cached[2]
+        self._bad_rows = []
         row, start, line = self._checkpoints[k]
         stop = self._checkpoints[k + 1][1] if k + 1 < len(self._checkpoints) else len(self._data)
         expected = min(SEGMENT_ROWS, self._rows - row)
@@ -219,7 +222,7 @@ class CsvReader:
                 )
             for i in sorted(set(range(expected)) - set(parsed.tolist())):
                 at = _line(data, int(starts[i])) + line - 1
-                bad(self._errors, RecordError("not UTF-8", path=self.path, line=at))
+                self._bad_rows.append(RecordError("not UTF-8", path=self.path, line=at, row=row + i))
             buffer = pa.py_buffer(text)
 
         def invalid(row: Any) -> str:
@@ -259,19 +262,22 @@ class CsvReader:
                 starts, _ = records(data)
                 for i in rows[wrong].tolist():
                     at = int(starts[i]) if i < len(starts) else 0
-                    bad(
-                        self._errors,
-                        RecordError("wrong number of fields", path=self.path, line=_line(data, at) + line - 1),
+                    self._bad_rows.append(
+                        RecordError(
+                            "wrong number of fields", path=self.path, line=_line(data, at) + line - 1, row=row + i
+                        )
                     )
             kept = np.zeros(expected, dtype=bool)
             kept[rows] = True
             kept[rows[wrong]] = False
+        self._bad_rows.sort(key=lambda e: e.row or 0)  # in file order
         self._cached = (k, table, kept)
         return table, kept
 
     def _lost(self, k: int, expected: int, error: Exception) -> tuple[None, np.ndarray]:
         """Segment ``k`` could not be read: the error to the policy, all its rows skipped if it returns."""
         assert isinstance(error, (RecordError, FormatError))
+        self._bad_rows = []  # the whole segment is lost: one error says so
         bad(self._errors, error)
         none = np.zeros(expected, dtype=bool)
         self._cached = (k, None, none)
@@ -286,6 +292,9 @@ class CsvReader:
             base = k * SEGMENT_ROWS
             end = min(stop, base + SEGMENT_ROWS)
             table, kept = self._segment(k)
+            for error in self._bad_rows:
+                if error.row is not None and pos <= error.row < end:
+                    bad(self._errors, error)
             if kept is None:
                 assert table is not None
                 parts.append(table.slice(pos - base, end - pos))

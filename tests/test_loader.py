@@ -196,4 +196,4 @@ def test_a_tidal_error_in_a_worker_is_raised_as_itself_its_message_first(tmp_pat
         list(loader)
     assert str(err.value).startswith(f"{tmp_path / 'bad.jsonl'}, line 3: malformed JSON record")
     assert "Caught" not in str(err.value) and "Traceback" not in str(err.value)
-    assert err.value.__notes__ == ["(raised in DataLoader worker 0)"]
+    assert err.value.__notes__ == ["(raised in DataLoader worker 1)"]  # line 3 is in worker 1's half

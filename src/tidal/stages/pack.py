@@ -114,7 +114,12 @@ def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, needed: Ne
         locator = upstream.locate()
         for i in bad:
             d = docs[i]
-            found = "no such field" if d is None else f"{d.dtype}{d.shape}" if d.dtype != object else "null"
+            if d is None:
+                rec = recs[i]
+                fields = ", ".join(sorted(rec)) if isinstance(rec, dict) else f"a {type(rec).__name__}, not a dict"
+                found = f"no such field (fields: {fields}; tokenize() text first, or pass pack(column=...))"
+            else:
+                found = "null" if d.dtype == object else f"{d.dtype}{d.shape}"
             locator.reject(i, f"pack(): column {column!r} must hold 1-D integer token ids, found {found}")
         skip = set(bad)
         docs = [d for i, d in enumerate(docs) if i not in skip]

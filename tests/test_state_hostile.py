@@ -69,6 +69,10 @@ HOSTILE = [
     (["origin"], [], r"state\['origin'\]: expected an object"),
     (["sources", "", "epochs"], 0, r"state\['sources'\]\[''\]\['epochs'\]: 0 does not fit"),
     (["records_per_batch"], 0, r"state\['records_per_batch'\]: 0 is out of range"),
+    (["epoch"], 5, r"state\['epoch'\]: not a key of this part of a state \(its keys: version, dataset"),
+    (["ranks", 0, "offset"], 3, r"state\['ranks'\]\[0\]\['offset'\]: not a key"),
+    ([*W0, "epoch"], 5, r"\['workers'\]\[0\]\['epoch'\]: not a key .*its keys: dataset, reader, position"),
+    ([*W0, "counts", "batches"], 1, r"\['workers'\]\[0\]\['counts'\]\['batches'\]: not a key"),
 ]
 
 

@@ -147,6 +147,7 @@ def check_layout(state: Any, where: str = "state") -> View:
             f"not a tidal loader state of version {k.VERSION} ({view.where(k.STATE_VERSION)} is {version!r}); "
             "expected the JSON of DataLoader.state_dict()"
         )
+    view.only(*_STATE_KEYS)
     view.string(k.DATASET)
     view.integer(k.PASS)
     view.integer(k.FIRST_EPOCH)
@@ -184,9 +185,28 @@ def _positive(value: Any, where: str) -> int:
     return value
 
 
+_STATE_KEYS = (
+    k.STATE_VERSION,
+    k.DATASET,
+    k.PASS,
+    k.FIRST_EPOCH,
+    k.TOPOLOGY,
+    k.RANKS,
+    k.ORIGIN,
+    k.SOURCES,
+    k.PROGRESS,
+    k.RECORDS_PER_BATCH,
+    k.MIX_DRAWS,
+    k.SKIPPED_BATCHES,
+)
+_READER_KEYS = (k.DATASET, k.READER, k.POSITION, k.WITHIN, k.USED, k.COUNTS, k.ORIGIN)
+
+
 def _check_rank(rank: View, r: int, ranks: int, workers: int) -> None:
+    rank.only(k.NEXT_WORKER, k.WORKERS, k.COUNTS)
     rank.integer(k.NEXT_WORKER, hi=workers - 1)
     counts = rank.view(k.COUNTS)
+    counts.only(k.BATCHES, k.TOKENS)
     counts.integer(k.BATCHES)
     counts.integer(k.TOKENS)
     for w, reader in enumerate(rank.entries(k.WORKERS, length=workers)):
@@ -194,12 +214,14 @@ def _check_rank(rank: View, r: int, ranks: int, workers: int) -> None:
             continue
         where = f"{rank.where(k.WORKERS)}[{w}]"
         view = View(reader, where)
+        view.only(*_READER_KEYS)
         if view.entries(k.READER, length=4) != [r, ranks, w, workers]:
             raise StateError(
                 f"{view.where(k.READER)}: {view.get(k.READER)} is not reader [{r}, {ranks}, {w}, {workers}]"
             )
         view.view(k.POSITION)
         view.integer(k.WITHIN)
+        view.view(k.COUNTS).only(k.ITEMS, k.RECORDS)
         view.view(k.COUNTS).integer(k.ITEMS)
         view.view(k.COUNTS).integer(k.RECORDS)
         used = view.view(k.USED)

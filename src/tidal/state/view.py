@@ -75,6 +75,12 @@ class View:
         """The dict under ``key``, as a view."""
         return View(self.get(key, default), self.where(key))
 
+    def only(self, *keys: str) -> None:
+        """No key but ``keys``: a key a state never has (a typo, a hand edit) is an error, not ignored."""
+        for key in self.data:
+            if key not in keys:
+                raise StateError(f"{self.where(key)}: not a key of this part of a state (its keys: {', '.join(keys)})")
+
     def optional(self, key: str) -> View | None:
         """The dict under ``key``, or None where the key is missing or null."""
         value = self.data.get(key)

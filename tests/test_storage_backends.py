@@ -330,3 +330,20 @@ def test_each_try_is_one_request(scheme: str, overloaded: Overloaded, tmp_path: 
     sent = overloaded.requests
     assert sent.count(sent[0]) == 3, f"{sent.count(sent[0])} of {sent[0]!r} for 3 tries, the client retried: {sent}"
     assert len(sent) <= 3 * per_try, f"{len(sent)} requests for 3 tries, the client retried on its own: {sent}"
+
+
+def test_a_refused_connection_is_not_a_missing_file_whatever_the_port(tmp_path: Path) -> None:
+    """A port of 404xx put '404' in the message, which was read as 'not found' (a SourceError)."""
+    with socket.socket() as s:
+        for port in range(40400, 40500):
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        else:
+            pytest.fail("no free port in 40400-40499")
+        url = f"http://127.0.0.1:{port}/web/a.jsonl"
+        retry = Retry(attempts=2, backoff=0.05, max_backoff=0.1)
+        with pytest.raises(tidal.StorageError, match=r"failed 2 times .*last error"):
+            tidal.Dataset(url, storage=Storage(cache_dir=str(tmp_path), retry=retry))

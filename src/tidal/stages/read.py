@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 
 LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch
 log = logging.getLogger("tidal")
-_WARNED_SMALL: set[tuple[str, int, int]] = set()  # sources warned of having fewer records than readers, once a process
+_WARNED_SMALL: set[tuple[str, str, int, int]] = (
+    set()
+)  # sources warned of having fewer records than readers, once a process
 
 
 @dataclass(frozen=True)
@@ -288,7 +290,7 @@ class ReadIterator(StageIterator):
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
                 f"{world.num_workers} workers) forever: each needs at least one record per epoch"
             )
-        small = (key, total, world.consumers)
+        small = (key, plan.shards.paths[0] if len(plan.shards) else "", total, world.consumers)
         if (
             plan.epochs is not None
             and 0 < total < world.consumers

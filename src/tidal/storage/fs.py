@@ -40,7 +40,7 @@ from typing import Any
 from tidal.errors import SourceError, StorageError
 from tidal.storage import logs
 from tidal.storage.config import Storage
-from tidal.storage.retry import Truncated, call, redact, transient
+from tidal.storage.retry import Truncated, call, code_and_status, redact, transient
 from tidal.storage.stats import Stats
 
 _VERSION_KEYS = ("ETag", "etag", "e_tag", "generation", "VersionId", "version_id", "blob_id", "md5Hash")
@@ -301,10 +301,14 @@ def _not_found(exc: BaseException) -> bool:
     for _ in range(6):
         if e is None:
             return False
-        if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
-            return e.__cause__ is None or not transient(e.__cause__)
-        if "NoSuchKey" in str(e) or "Not Found" in str(e) or "404" in str(e):
-            return True
+        if not isinstance(e, StorageError):  # tidal's own message names the URL, whose port may be 404xx
+            if isinstance(e, FileNotFoundError):
+                return e.__cause__ is None or not transient(e.__cause__)
+            code, status = code_and_status(e)
+            if status == 404 or code in ("NoSuchKey", "404") or "NotFound" in type(e).__name__:
+                return True
+            if "NoSuchKey" in str(e) or "Not Found" in str(e):
+                return True
         e = e.__cause__ or e.__context__
     return False
 

@@ -172,7 +172,7 @@ def throttled(exc: BaseException) -> bool:
     """Whether the store answered that it is throttling (429, ``SlowDown``...): up, and asking for
     fewer requests, which is worth more patience than a store that does not answer."""
     for e in _chain(exc):
-        code, status = _code_and_status(e)
+        code, status = code_and_status(e)
         if status == 429 or code in _THROTTLE_CODES:
             return True
     return bool(_THROTTLE_TEXT.search(" ".join(str(e) for e in _chain(exc))))
@@ -183,7 +183,7 @@ def _judge(e: BaseException) -> bool | None:
     name = type(e).__name__
     if name in _TRANSIENT_NAMES:
         return True
-    code, status = _code_and_status(e)
+    code, status = code_and_status(e)
     if code in _TRANSIENT_CODES or status in (408, 429) or (status is not None and status >= 500):
         return True
     if code in _PERMANENT_CODES or (status is not None and 400 <= status < 500):
@@ -195,7 +195,7 @@ def _judge(e: BaseException) -> bool | None:
     return None
 
 
-def _code_and_status(e: BaseException) -> tuple[str | None, int | None]:
+def code_and_status(e: BaseException) -> tuple[str | None, int | None]:
     response = getattr(e, "response", None)  # botocore ClientError
     if isinstance(response, dict):
         err = response.get("Error", {})
@@ -261,7 +261,7 @@ def describe(exc: BaseException) -> str:
         root, depth = root.__cause__ or root.__context__, depth + 1  # type: ignore[assignment]
     if root is not exc and str(root) and str(root) not in text:
         text += f" (from {type(root).__name__}: {root})"
-    status = next((st for e in _chain(exc) if (st := _code_and_status(e)[1]) is not None), None)
+    status = next((st for e in _chain(exc) if (st := code_and_status(e)[1]) is not None), None)
     if status is not None and f"{status}" not in text:
         text = f"HTTP {status}, {text}"  # what a person searches for; some clients leave it out
     return redact(text.split("\n\nDebug source:")[0])[:600]  # obstore appends pages of debug output

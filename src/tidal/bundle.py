@@ -30,8 +30,6 @@ import numpy as np
 
 from tidal.errors import ArgumentError
 from tidal.stages import Stage, walk
-from tidal.stages.read import Read
-from tidal.stages.transform import Filter, Map
 from tidal.state import keys as k
 
 MAX_BUNDLE = 1024
@@ -269,12 +267,7 @@ def check_pickles(stage: Stage, workers: str) -> None:
     """Workers that receive the dataset pickled (spawn, forkserver): say which function does
     not pickle, instead of an error from inside the worker start. ``workers`` names them."""
     for part in walk(stage):
-        functions = [(part.call(), part.fn)] if isinstance(part, (Map, Filter)) else []
-        if isinstance(part, Read) and callable(part.plan.errors):
-            functions.append(
-                (f"errors={getattr(part.plan.errors, '__qualname__', part.plan.errors)!r}", part.plan.errors)
-            )
-        for what, fn in functions:
+        for what, fn in part.functions():
             try:
                 pickle.dumps(fn)
             except Exception as exc:

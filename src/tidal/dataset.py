@@ -23,7 +23,7 @@ from tidal.iterator import DatasetIterator
 from tidal.shards import Shards
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
-from tidal.stages.mix import Mix, Schedule
+from tidal.stages.mix import Schedule
 from tidal.stages.mix import mix as mix_stage
 from tidal.stages.read import Read, ReadPlan
 from tidal.stages.tokenize import Tokenize
@@ -284,7 +284,7 @@ class Dataset:
 
         >>> ds.tokenize("tokenizer.json").pack(2048).batch(8)
         """
-        from tidal.stages.tokenize import Tokenize, load
+        from tidal.stages.tokenize import load
 
         self._before_batch("tokenize")
         return self._then(Tokenize(self._stage, load(tokenizer, eos), column, max_length))
@@ -325,8 +325,8 @@ class Dataset:
         if seq_len < 1 or buffer_size < 1:
             raise ArgumentError("seq_len and buffer_size must be at least 1")
         if pad_id is None:
-            tokenizers = [s for s in walk(self._stage) if isinstance(s, Tokenize)]  # into mixed streams too
-            known = eos if eos is not None else tokenizers[0].tokenizer.eos_id if tokenizers else None
+            tokenizers = [t for s in walk(self._stage) if (t := s.tokenizer_used()) is not None]  # mixed streams too
+            known = eos if eos is not None else tokenizers[0].eos_id if tokenizers else None
             pad_id = known if known is not None else 0
         cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size, column=column, eos=eos)
         return self._then(Pack(self._stage, cfg))
@@ -353,35 +353,20 @@ class Dataset:
 
     @property
     def batched(self) -> bool:
-        return any(isinstance(s, Batch) for s in _main_line(self._stage))
+        return any(s.batch_size() is not None for s in _main_line(self._stage))
 
     def records_per_batch(self) -> int | None:
         """How many source records every item holds, where that is fixed: plain records (1) or
         plain batches (their size, continuous rows included) read from files, mapped or
         tokenized, without filters, packing, mixing or records skipped as bad; otherwise None.
         ``tidal state skip`` is exact where it is known."""
-        size = 1
-        for stage in _main_line(self._stage):
-            if isinstance(stage, Batch) and stage is self._stage:
-                size = stage.size
-            elif isinstance(stage, Read):
-                return size if stage.plan.errors == "raise" else None
-            elif not isinstance(stage, (Map, Tokenize)):
-                return None
-        return None
+        return self._stage.records_per_item()
 
     def may_end_unevenly(self) -> bool:
         """Whether readers may yield different numbers of items in a finite pass: a filter,
         packing, a mixture that stops, or records skipped as bad change the count per reader
         (see "Ranks and workers" in the README for how the DataLoader keeps ranks together)."""
-        uneven = False
-        for stage in _main_line(self._stage):
-            if isinstance(stage, Mix):
-                return stage.stop != "never"
-            if isinstance(stage, Read):
-                return stage.plan.epochs is not None and (uneven or stage.plan.errors != "raise")
-            uneven |= not isinstance(stage, (Map, Batch, Tokenize))
-        return uneven
+        return self._stage.may_end_unevenly()
 
     # -- declarative configs ----------------------------------------------------------
 

@@ -22,7 +22,6 @@ from tidal.dataset import Dataset
 from tidal.errors import StateError
 from tidal.loader import DataLoader
 from tidal.stages import walk
-from tidal.stages.pack import Pack
 from tidal.world import World
 
 
@@ -48,7 +47,7 @@ class TidalTrainer(Trainer):
         ds = self.train_dataset
         if not isinstance(ds, Dataset):
             raise TypeError(f"TidalTrainer trains on a tidal.Dataset, not {type(ds).__name__}")
-        if any(isinstance(s, Pack) and s.config.shift_labels for s in walk(ds.stage)):
+        if any(s.shifts_labels() for s in walk(ds.stage)):
             raise ValueError("Hugging Face models shift labels themselves: use pack(..., shift_labels=False)")
         self.args.ignore_data_skip = True  # the loader restores its own position; never skip batches
         self._data_loader: DataLoader | None = None

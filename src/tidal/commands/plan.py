@@ -163,10 +163,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _batch_size(ds: Dataset) -> int | None:
-    from tidal.stages.batch import Batch
-
-    stage = ds.stage
-    return stage.size if isinstance(stage, Batch) else None
+    return ds.stage.batch_size()
 
 
 def report(sim: Simulation, remote: bool, indent: str = "") -> str:

@@ -24,8 +24,6 @@ from tidal.dataset import Dataset
 from tidal.errors import TidalError
 from tidal.stages import Stage, walk
 from tidal.stages.read import Read
-from tidal.stages.tokenize import Tokenize
-from tidal.stages.transform import Filter, Map
 from tidal.tables import Table, length
 from tidal.writers.output import WORK, Output
 
@@ -36,7 +34,7 @@ SAMPLE_RECORDS = 1000  # records that measure the output-to-input ratio and fix 
 def chain(ds: Dataset) -> Stage:
     """The dataset's chain over its source unshuffled, one epoch, read in small blocks."""
     for stage in walk(ds.stage):
-        if not isinstance(stage, (Read, Map, Filter, Tokenize)):
+        if not stage.record_wise():
             raise TidalError(
                 f"convert writes records: {stage.call()} cannot come in the chain (read, map, filter and tokenize can; "
                 "mixing, packing and batching belong to the training pipeline that reads the output)"
@@ -47,9 +45,8 @@ def chain(ds: Dataset) -> Stage:
 def fingerprint(stage: Stage, ds: Dataset, to: str, column: str, size: int, tokenizer: Any) -> str:
     facts: list[Any] = [PLAN_VERSION, stage.describe(), to, column, size]
     facts.append([(s.path, s.rows, s.bytes, s.version) for s in ds.shards])
-    tokenizers = [s for s in walk(stage) if isinstance(s, Tokenize)]
-    for t in tokenizers:
-        backend = t.tokenizer.backend
+    for t in [t for s in walk(stage) if (t := s.tokenizer_used()) is not None]:
+        backend = t.backend
         text = backend.to_str() if hasattr(backend, "to_str") else repr(backend)
         facts.append(hashlib.sha1(text.encode()).hexdigest())
     return hashlib.sha1(json.dumps(facts, default=str).encode()).hexdigest()[:16]
@@ -104,8 +101,8 @@ def load_or_make(stage: Stage, ds: Dataset, to: str, column: str, size: int, out
         from tidal.writers.tokens import documents, dtype_of
 
         docs = [d for t in sample for d in documents(t, column)]
-        tokenizers = [s for s in walk(stage) if isinstance(s, Tokenize)]
-        plan["dtype"] = str(tokenizers[0].tokenizer.dtype) if tokenizers else dtype_of(docs)
+        tokenizers = [t for s in walk(stage) if (t := s.tokenizer_used()) is not None]
+        plan["dtype"] = str(tokenizers[0].dtype) if tokenizers else dtype_of(docs)
         width = np.dtype(plan["dtype"]).itemsize
         out_bytes = HEADER.size / max(1, len(docs)) * got + sum(8 + len(d) * width for d in docs)
     ratio = out_bytes / max(1.0, in_bytes)

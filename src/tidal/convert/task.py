@@ -20,9 +20,7 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import RecordError
-from tidal.stages import Context, Stage, walk
-from tidal.stages.read import Read
-from tidal.stages.transform import Filter
+from tidal.stages import Context, Stage
 from tidal.state import keys as k
 from tidal.tables import Table, length
 from tidal.world import World
@@ -119,7 +117,7 @@ def run_task(job: Job, shard: int, on_records: Callable[[int], None] | None = No
 
 def one_per_position(stage: Stage) -> bool:
     """Whether every source position yields one record (no filter, no bad records skipped)."""
-    return not any(isinstance(s, Filter) or (isinstance(s, Read) and s.plan.errors != "raise") for s in walk(stage))
+    return stage.records_per_item() == 1
 
 
 def writer_for(job: Job, file: Path) -> Any:

@@ -203,6 +203,44 @@ class Stage(ABC):
     def upstreams(self) -> tuple[Stage, ...]:
         return ()
 
+    # -- what the code above a chain asks of it: each stage answers for itself ----------
+
+    def records_per_item(self) -> int | None:
+        """How many source records each item holds, where that is fixed (plain records: 1, a
+        batch of them: its size); None where it varies (filters, packing, mixtures, records
+        skipped as bad). ``tidal state skip`` is exact where it is known."""
+        return None
+
+    def finite(self) -> bool:
+        """Whether a pass over this stage ends."""
+        return False
+
+    def may_end_unevenly(self) -> bool:
+        """Whether readers fed equal shares may yield different numbers of items in a finite pass."""
+        return self.finite()
+
+    def functions(self) -> list[tuple[str, Callable]]:
+        """The user's functions this stage carries, each with what names it: they travel with
+        the chain, pickled, into spawn workers."""
+        return []
+
+    def tokenizer_used(self) -> Any:
+        """The :class:`~tidal.stages.tokenize.Tokenizer` this stage encodes with, if any."""
+        return None
+
+    def batch_size(self) -> int | None:
+        """Records per item where this stage batches them."""
+        return None
+
+    def shifts_labels(self) -> bool:
+        """Whether the labels this stage makes are already shifted by one (packing's default)."""
+        return False
+
+    def record_wise(self) -> bool:
+        """Whether this stage gives records (not batches, packed rows or a mixture): what a
+        conversion can write."""
+        return False
+
     def to_config(self) -> dict:
         """The chain down from this stage as a pipeline config: ``{"source": ...}`` (or
         ``{"mix": ...}``) and ``{"steps": [...]}``, plain data (see :mod:`tidal.config`)."""
@@ -237,6 +275,9 @@ class Step(Stage):
     def upstreams(self) -> tuple[Stage, ...]:
         return (self.upstream,)
 
+    def finite(self) -> bool:
+        return self.upstream.finite()
+
     def to_config(self) -> dict:
         config = self.upstream.to_config()
         config["steps"].append(self.config_step())
@@ -249,6 +290,20 @@ class Step(Stage):
 
     def __repr__(self) -> str:
         return f"{self.upstream!r}.{self.call()}"
+
+
+class OneToOne(Step):
+    """A step that gives one item for each item of its upstream, in order (map, tokenize): it
+    keeps the upstream's count of records per item, and its evenness over readers."""
+
+    def records_per_item(self) -> int | None:
+        return self.upstream.records_per_item()
+
+    def may_end_unevenly(self) -> bool:
+        return self.upstream.may_end_unevenly()
+
+    def record_wise(self) -> bool:
+        return self.upstream.record_wise()
 
 
 def walk(stage: Stage) -> Iterator[Stage]:

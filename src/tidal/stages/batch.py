@@ -20,6 +20,16 @@ class Batch(Step):
     def facts(self) -> list:
         return [self.size, self.drop_last]
 
+    def records_per_item(self) -> int | None:
+        each = self.upstream.records_per_item()
+        return self.size * each if each is not None else None
+
+    def may_end_unevenly(self) -> bool:
+        return self.upstream.may_end_unevenly()  # readers of as many records make as many batches
+
+    def batch_size(self) -> int | None:
+        return self.size
+
     def call(self) -> str:
         return f"batch({self.size}, drop_last={self.drop_last})"
 

@@ -130,6 +130,9 @@ class Mix(Stage):
     def epochs_per_pass(self) -> int:
         return 0
 
+    def finite(self) -> bool:
+        return self.stop != "never"
+
     def with_source(self, change: Callable[[Read], Read]) -> Stage:
         raise ArgumentError("shuffle() and repeat() apply to files: call them on the streams before mix()")
 

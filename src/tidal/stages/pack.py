@@ -64,6 +64,9 @@ class Pack(Step):
         kind = BestFitPackIterator if self.config.strategy == "best_fit" else ConcatPackIterator
         return kind(up, self.config, position)
 
+    def shifts_labels(self) -> bool:
+        return self.config.shift_labels
+
     def facts(self) -> list:
         return list(astuple(self.config))
 

@@ -104,6 +104,22 @@ class Read(Stage):
     def with_source(self, change: Callable[[Read], Read]) -> Stage:
         return change(self)
 
+    def records_per_item(self) -> int | None:
+        return 1 if self.plan.errors == "raise" else None  # a record skipped as bad leaves a gap
+
+    def finite(self) -> bool:
+        return self.plan.epochs is not None
+
+    def may_end_unevenly(self) -> bool:
+        return self.finite() and self.plan.errors != "raise"
+
+    def functions(self) -> list[tuple[str, Callable]]:
+        errors = self.plan.errors
+        return [(f"errors={getattr(errors, '__qualname__', errors)!r}", errors)] if callable(errors) else []
+
+    def record_wise(self) -> bool:
+        return True
+
     def to_config(self) -> dict:
         p = self.plan
         if not p.given:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tidal import env
 from tidal.errors import ArgumentError, ConfigError, FormatError, TidalError, needs
-from tidal.stages import Context, Kept, Locator, Needed, StageIterator, Stateless, Step, add_stats
+from tidal.stages import Context, Kept, Locator, Needed, OneToOne, StageIterator, Stateless, add_stats
 from tidal.state.view import View
 from tidal.tables import Table, records
 
@@ -106,10 +106,13 @@ def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | No
 
 
 @dataclass(frozen=True, repr=False)
-class Tokenize(Step):
+class Tokenize(OneToOne):
     tokenizer: Tokenizer
     column: str = "text"
     max_length: int | None = None
+
+    def tokenizer_used(self) -> Tokenizer:
+        return self.tokenizer
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
         env.share_tokenizer_threads(ctx.world.num_workers)

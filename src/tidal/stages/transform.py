@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.errors import ConfigError
-from tidal.stages import Context, Kept, Locator, StageIterator, Stateless, Step
+from tidal.stages import Context, Kept, Locator, OneToOne, StageIterator, Stateless, Step
 from tidal.state.view import View
 from tidal.tables import Table, keep, records
 
@@ -64,8 +64,11 @@ def resolve(ref: Any) -> Callable:
 
 
 @dataclass(frozen=True, repr=False)
-class Map(Step):
+class Map(OneToOne):
     fn: Callable[[Any], Any]
+
+    def functions(self) -> list[tuple[str, Callable]]:
+        return [(self.call(), self.fn)]
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
         return MapIterator(self.upstream.open(ctx, position), self.fn)
@@ -80,6 +83,12 @@ class Map(Step):
 @dataclass(frozen=True, repr=False)
 class Filter(Step):
     fn: Callable[[Any], bool]
+
+    def functions(self) -> list[tuple[str, Callable]]:
+        return [(self.call(), self.fn)]
+
+    def record_wise(self) -> bool:
+        return self.upstream.record_wise()
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
         return FilterIterator(self.upstream.open(ctx, position), self.fn)

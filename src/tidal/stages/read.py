@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -178,6 +178,18 @@ class _Block:
         return first, last, min(nxt, stop)
 
 
+class _Run(NamedTuple):
+    """The offsets of a reader's share that fall in one interval of it and one block."""
+
+    epoch: int
+    first: int  # offsets first .. stop of the share
+    stop: int
+    delta: int  # position in the epoch = offset + delta
+    block: int
+    base: int  # the block's first position
+    block_stop: int  # where the interval ends in the block, from its start
+
+
 class _Owned:
     """Which rows of a block's files fall in this reader's share of the epoch: every reader
     reads the whole block and yields its share of it, so a bad record is raised or counted
@@ -284,9 +296,7 @@ class ReadIterator(StageIterator):
         self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
         self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
-        # (epoch, offsets from, to, then position = offset + delta, block, its first position, its stop):
-        # the offsets one interval and one block cover, found once, not by two searches a batch
-        self._run: tuple[int, int, int, int, int, int, int] | None = None
+        self._run: _Run | None = None  # where the offsets being read are: found once, not twice a batch
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
         # threads a block's files are read with (see _read_slices): where decoding releases the GIL
         # (Parquet, Arrow) and this reader is its process's only one (remote files too: their local
@@ -380,23 +390,22 @@ class ReadIterator(StageIterator):
                 self._kept, self._whole_epoch = 0, True
                 continue
             run = self._run
-            if run is None or run[0] != self._epoch or not run[1] <= self._offset < run[2]:
+            if run is None or run.epoch != self._epoch or not run.first <= self._offset < run.stop:
                 j = int(np.searchsorted(ends, self._offset, side="right")) - 1
                 start, end = intervals[j]
                 delta = start - int(ends[j])  # position = offset + delta, within this interval
                 order = self._epoch_order()
                 b = order.block_at(self._offset + delta)
                 base = int(order.starts[b])
-                stop = min(end, int(order.starts[b + 1])) - base
-                upto = min(int(ends[j + 1]), base + stop - delta)  # where the interval or the block ends
-                run = self._run = (self._epoch, self._offset, upto, delta, b, base, stop)
-            delta, b, base, stop = run[3:]
-            pos = self._offset + delta
+                block_stop = min(end, int(order.starts[b + 1])) - base
+                upto = min(int(ends[j + 1]), base + block_stop - delta)  # where the interval or the block ends
+                run = self._run = _Run(self._epoch, self._offset, upto, delta, b, base, block_stop)
+            pos = self._offset + run.delta
             order = self._epoch_order()
-            block = self._load(order, b)
-            first, last, nxt = block.span(pos - base, stop, max_items)
-            self._offset += base + nxt - pos
-            self.passed += base + nxt - pos
+            block = self._load(order, run.block)
+            first, last, nxt = block.span(pos - run.base, run.block_stop, max_items)
+            self._offset += run.base + nxt - pos
+            self.passed += run.base + nxt - pos
             if last > first:
                 self._kept += last - first
                 self._last = (block, first)

@@ -26,7 +26,7 @@ from tidal.cli import parser
 from tidal.commands import storage_options
 from tidal.formats.tokens import TokenWriter
 from tidal.simulate import Setup, simulate
-from tidal.stages.read import ReadIterator
+from tidal.stages.blocks import BlockReader
 from tidal.world import World
 
 pytest_plugins = ["s3_fixtures"]
@@ -279,15 +279,15 @@ def test_plan_reports_cache_quality_and_first_batch(data: Path) -> None:
 def _opened(ds: tidal.Dataset, world: World, monkeypatch: pytest.MonkeyPatch) -> tuple[set[int], list[list[int]]]:
     """The shards a real reader opens, and the ids of its batches."""
     opened: set[int] = set()
-    real = ReadIterator._open_reader
+    real = BlockReader._open_reader
 
-    def spy(self: ReadIterator, index: int):  # type: ignore[no-untyped-def]
+    def spy(self: BlockReader, index: int):  # type: ignore[no-untyped-def]
         opened.add(index)
         return real(self, index)
 
-    monkeypatch.setattr(ReadIterator, "_open_reader", spy)
+    monkeypatch.setattr(BlockReader, "_open_reader", spy)
     batches = [b["id"].tolist() for b in ds.iterator(world)]
-    monkeypatch.setattr(ReadIterator, "_open_reader", real)
+    monkeypatch.setattr(BlockReader, "_open_reader", real)
     return opened, batches
 
 

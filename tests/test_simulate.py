@@ -39,7 +39,7 @@ def brute_force(setup: Setup) -> dict:
                 at += z - a
             held: set[int] = set()
             most, most_shards, last, after = 0, 0, -1, set[int]()
-            for b, _ in blocks:  # as ReadIterator._held_per_block
+            for b, _ in blocks:  # as BlockReader._held_per_block
                 now = after if b == last + 1 and last >= 0 else set(shards_of[b])
                 after = set(shards_of[b + 1]) if b + 1 < order.blocks else set()
                 held = (held & (now | after)) | now

@@ -240,7 +240,7 @@ class _Blocks:
             self.bytes = self.cached_bytes = np.zeros(0, dtype=np.int64)
         self.count = np.diff(table.bounds)
         # A reader that goes on from block k-1 keeps open, while it reads block k, the shards of
-        # k-1 that k+1 reads again (ReadIterator keeps this block's and the next one's open):
+        # k-1 that k+1 reads again (BlockReader keeps this block's and the next one's open):
         # shards with slices in blocks k-1 and k+1 but none in k (a shard smaller than its group's
         # number of blocks skips some).
         by_shard = np.lexsort((self.entry_block, table.shard))
@@ -289,7 +289,7 @@ def _readers(order: EpochOrder, blocks: _Blocks, setup: Setup) -> Readers:
     block = b0[reader] + np.arange(int(nblk.sum())) - pair_start[reader]
     first = block == b0[reader]
     # what it holds open while reading each block: the block's shards, and from its second block
-    # on those it keeps open over the block (as ReadIterator._held_per_block)
+    # on those it keeps open over the block (as BlockReader._held_per_block)
     held = blocks.cached_bytes[block] + np.where(first, 0, blocks.kept_cached[block])
     count = blocks.count[block] + np.where(first, 0, blocks.kept_count[block])
     held_bytes = np.zeros(consumers, dtype=np.int64)

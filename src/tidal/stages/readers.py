@@ -1,7 +1,7 @@
 """The format readers one read stage has open: bounded when idle, never closed while in use.
 
 A shuffle block may read hundreds of files (books, code repositories, per-domain dumps hold
-few records each), and the threads of :mod:`tidal.stages.read` read them side by side. A
+few records each), and the threads of :mod:`tidal.stages.blocks` read them side by side. A
 reader is *taken* for each read and *given back* after it; only readers nobody holds count
 against ``limit`` and are closed, least recently used first, when there are more. So the
 files open at once are the idle ``limit`` plus one per read in flight (one per thread), at

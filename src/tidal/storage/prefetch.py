@@ -17,7 +17,7 @@ shard that its reader reads before it, and a lone reader downloads each shard on
 epoch, however small the cache.
 
 The room a reader needs, it is told before it starts an epoch (``require``): the shards
-it holds at once, which :mod:`tidal.stages.read` works out from the epoch order. Parquet
+it holds at once, which :mod:`tidal.stages.blocks` works out from the epoch order. Parquet
 shards that do not fit are read in place; anything else that does not fit is a
 :class:`~tidal.errors.StorageError` at once, naming the limit and what is needed.
 

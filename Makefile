@@ -20,7 +20,7 @@ TORCH := torch==2.13.0
 AZURITE := requirements/azurite
 AZURITE_STAMP := $(VENV)/azurite/.installed
 
-.PHONY: demo test lint bench lock clean
+.PHONY: demo test lint wheel-check bench lock clean
 
 # Python writes the bytecode of what it imports, once, into .venv: where PYTHONDONTWRITEBYTECODE is
 # set (CI's machines), every process would compile torch, JAX and transformers from source again,
@@ -54,6 +54,12 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# the package as users get it, no tests: the sdist, the wheel built from it, installed into a clean
+# venv at the lock's versions, and the README's quick start and `tidal --version` run from outside
+# the tree (.ci/wheel-check; CI runs it after `make test`; about 2 minutes)
+wheel-check: $(STAMP)
+	BUILD_PYTHON=$(BIN)/python PYTHON=$(PYTHON) bash .ci/wheel-check
 
 # bench_peers.py: tidal next to LitData, Mosaic, WebDataset and HF datasets on one corpus (about 25
 # minutes; the first run adds about 5 for the corpus, its conversions and the tokenizer);

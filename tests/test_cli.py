@@ -392,3 +392,13 @@ def test_plan_takes_the_workers_of_a_configs_loader(data: Path, tmp_path: Path) 
     assert "x 3 worker(s) = 6 readers" in out.stdout
     out = tidal_cli("plan", "--config", str(config), "--ranks", "2", "--workers", "1", "--no-progress")
     assert "x 1 worker(s) = 2 readers" in out.stdout
+
+
+def test_a_dataset_indexes_under_a_bar_when_asked(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ds = tidal.Dataset(data, progress=True, cache_dir=None)
+    err = capsys.readouterr().err
+    assert "index" in err and f"{len(ds.shards)}/{len(ds.shards)}" in err
+    tidal.Dataset(data)
+    assert capsys.readouterr().err == ""
+    config = {"source": {"src": str(data), "progress": True}, "steps": []}
+    assert tidal.Dataset.from_config(config).num_records == ds.num_records

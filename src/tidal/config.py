@@ -81,6 +81,7 @@ SOURCE = (
     "cache_limit",
     "storage",
     "index_url",
+    "progress",
     "storage_options_removed",  # written by to_config(), for the reader; not used
 )
 STORAGE = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend", "index_url", "publish_index", "retry")

@@ -99,6 +99,7 @@ class Dataset:
         cache_limit: int | str | None = None,
         storage: Storage | None = None,
         index_url: str | None = None,
+        progress: bool = False,
     ):
         """Index ``src`` (URLs too: any fsspec protocol) and describe how to read it.
 
@@ -114,7 +115,8 @@ class Dataset:
         A remote directory or glob is opened from the index published beside it (``tidal
         index URL``, or ``index_url``) when there is one: one request, no listing. Where there
         is none, what this job counts is published there for the next ones, where the store
-        lets it (``Storage.publish_index``; see :mod:`tidal.published`).
+        lets it (``Storage.publish_index``; see :mod:`tidal.published`). ``progress``: a bar on
+        stderr while the files are indexed (tqdm, ``tidal[cli]``).
 
         >>> tidal.Dataset("s3://bucket/web/*.parquet", columns=["text"], cache_limit="20GB")
         """
@@ -137,7 +139,7 @@ class Dataset:
         if held is not None:
             shards = Shards.of(held)
         else:
-            settings, shards, indexed = open_shards(src, fmt, errors, settings, follow_links)
+            settings, shards, indexed = open_shards(src, fmt, errors, settings, follow_links, progress)
         check_columns(shards, columns)
         plan = ReadPlan(
             shards=shards,

@@ -24,6 +24,7 @@ from tidal import errors as tidal_errors
 from tidal.errors import TidalError
 from tidal.formats import Errors
 from tidal.listing import listing
+from tidal.progress import Bar
 from tidal.published import Sources
 from tidal.shards import Shards, index
 from tidal.storage.config import Storage
@@ -37,20 +38,20 @@ Source = Any  # a path, URL, glob or a list of them
 
 
 def open_shards(
-    src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool
+    src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool, progress: bool = False
 ) -> tuple[Storage, Shards, bool]:
     """``(storage with the dataset's cache directory, its shards, whether they were listed from a
-    published index)``."""
+    published index)``; ``progress``: a bar on stderr of the files indexed (by the rank that lists)."""
     entries = [src] if isinstance(src, (str, bytes)) or not isinstance(src, Sequence) else list(src)
     job = _job_store() if any(is_remote(str(e)) for e in entries) else None
     if job is None:
-        return _open(src, format, errors, storage, follow_links)
+        return _open(src, format, errors, storage, follow_links, progress)
     store, rank = job
     key = _key(src, format, errors, storage, follow_links)
     if rank == 0:
         store.set(f"{key}/started", b"1")
         try:
-            found = _open(src, format, errors, storage, follow_links)
+            found = _open(src, format, errors, storage, follow_links, progress)
         except BaseException as exc:
             store.set(f"{key}/error", pickle.dumps((type(exc).__name__, str(exc))))
             raise
@@ -68,12 +69,16 @@ def open_shards(
 
 
 def _open(
-    src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool
+    src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool, progress: bool = False
 ) -> tuple[Storage, Shards, bool]:
     sources = Sources()
     found = listing(src, storage, follow_links, format=format, sources=sources)
     storage = storage.for_files(found)  # the default cache directory: keyed by the dataset's URL
-    shards = index(list(found), format, errors, storage, found, sources=sources)
+    bar = Bar(len(found), "index", "file", progress)
+    try:
+        shards = index(list(found), format, errors, storage, found, progress=bar.update, sources=sources)
+    finally:
+        bar.close()
     return storage, shards, any(s is not None and s.indexed for s in found.values())
 
 

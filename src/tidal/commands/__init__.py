@@ -121,8 +121,7 @@ def listed(error: Exception) -> None:
 def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
     """The dataset the arguments name: ``--config``, else URL with the options given.
 
-    With progress bars on, the files are indexed first under a bar (the dataset then finds
-    them in the index it keeps); otherwise the dataset indexes them itself.
+    With progress bars on, the dataset indexes its files under a bar.
     """
     from tidal.dataset import Dataset
 
@@ -135,31 +134,7 @@ def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
     options = storage_options(args.storage_option)
     follow = bool(getattr(args, "follow_links", False))
     kwargs: dict[str, Any] = {"storage_options": options or None, "cache_dir": args.cache_dir, "follow_links": follow}
-    if progress_on(args):
-        _index_with_bar(args.url, args.format, options, args.cache_dir, follow)
-    return Dataset(args.url, columns(args.columns), args.format, errors, **kwargs)
-
-
-def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str | None, follow_links: bool) -> None:
-    from dataclasses import replace
-
-    from tidal.hf_datasets import resolve as resolve_hf
-    from tidal.listing import listing
-    from tidal.published import Sources
-    from tidal.shards import index
-    from tidal.storage.config import Storage
-
-    src, fmt, _, held = resolve_hf(url, format, None)
-    if held is not None:
-        return
-    settings = replace(Storage(), options=options, cache_dir=cache_dir)
-    sources = Sources()  # as tidal.Dataset opens it: from a published index where there is one
-    found = listing(src, settings, follow_links, format=fmt, sources=sources)
-    bar = Bar(len(found), "index", "file", True)
-    try:
-        index(list(found), fmt, "skip", settings.for_files(found), found, progress=bar.update, sources=sources)
-    finally:
-        bar.close()
+    return Dataset(args.url, columns(args.columns), args.format, errors, progress=progress_on(args), **kwargs)
 
 
 # -- progress bars -------------------------------------------------------------------------------
@@ -168,33 +143,6 @@ def _index_with_bar(url: str, format: str | None, options: dict, cache_dir: str 
 def progress_on(args: argparse.Namespace) -> bool:
     flag = getattr(args, "progress", None)
     return sys.stderr.isatty() if flag is None else bool(flag)
-
-
-class Bar:
-    """A tqdm bar on stderr when ``enabled`` and tqdm is installed; otherwise nothing at all."""
-
-    def __init__(self, total: float | None, desc: str, unit: str, enabled: bool, **kwargs: Any):
-        self._bar: Any = None
-        if not enabled:
-            return
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return
-        self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, **kwargs)
-
-    def update(self, n: float = 1) -> None:
-        if self._bar is not None:
-            self._bar.update(n)
-
-    def set(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix_str(text, refresh=False)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 # -- numbers as text -----------------------------------------------------------------------------

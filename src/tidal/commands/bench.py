@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from tidal.commands import Bar, add_source, open_dataset, progress_on, rate, seconds, size
+from tidal.commands import add_source, open_dataset, progress_on, rate, seconds, size
 from tidal.commands.plot import Series, png, terminal
+from tidal.progress import Bar
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tidal.commands import Bar, add_progress, progress_on, size, storage_options
+from tidal.commands import add_progress, progress_on, size, storage_options
+from tidal.progress import Bar
 
 
 def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

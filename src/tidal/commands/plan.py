@@ -6,7 +6,8 @@ import argparse
 import re
 from typing import TYPE_CHECKING, Any
 
-from tidal.commands import Bar, add_source, open_dataset, progress_on, rate, seconds, size
+from tidal.commands import add_source, open_dataset, progress_on, rate, seconds, size
+from tidal.progress import Bar
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset

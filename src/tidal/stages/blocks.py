@@ -30,7 +30,7 @@ from tidal.tables import Table, concat, decoded, length, take
 from tidal.world import World
 
 if TYPE_CHECKING:
-    from tidal.stages.read import ReadPlan
+    from tidal.stages.plan import ReadPlan
     from tidal.storage.prefetch import Prefetcher
 
 LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch

@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from tidal.errors import ConfigError, RecordError, StateError, TidalError
-from tidal.formats import Errors
 from tidal.order import EpochOrder, Intervals, share
-from tidal.shards import Shards
 from tidal.stages import Context, Locator, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
+from tidal.stages.plan import ReadPlan
 from tidal.stages.policy import Policy
 from tidal.stages.transform import reference
 from tidal.state import keys as k
 from tidal.state.view import View
-from tidal.storage.config import Storage, public_source
+from tidal.storage.config import public_source
 from tidal.storage.retry import redact_urls
 from tidal.tables import Table, cut
 from tidal.world import World
@@ -45,27 +44,6 @@ log = logging.getLogger("tidal")
 _WARNED_SMALL: set[tuple[str, str, int, int]] = (
     set()
 )  # sources warned of having fewer records than readers, once a process
-
-
-@dataclass(frozen=True)
-class ReadPlan:
-    """What the source stage needs: the shards and how to order them."""
-
-    shards: Shards
-    columns: tuple[str, ...] | None
-    errors: Errors
-    seed: int | None
-    block_size: int
-    shards_per_block: int
-    epochs: int | None  # None: forever
-    storage: Storage | None = None  # how to reach remote shards; None when every shard is local
-    options: dict = field(default_factory=dict)  # format options (tidal.formats.OPTIONS)
-    given: dict = field(default_factory=dict, compare=False)  # src, format, follow_links as given: for to_config()
-    indexed: bool = field(default=False, compare=False)  # listed from a published index: checked on download
-
-    @property
-    def total(self) -> int:
-        return self.shards.total
 
 
 @dataclass(frozen=True, repr=False)

@@ -1,0 +1,30 @@
+"""What the source stage reads: the shards and how to order them (a plain, picklable value)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tidal.formats import Errors
+from tidal.shards import Shards
+from tidal.storage.config import Storage
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What the source stage needs: the shards and how to order them."""
+
+    shards: Shards
+    columns: tuple[str, ...] | None
+    errors: Errors
+    seed: int | None
+    block_size: int
+    shards_per_block: int
+    epochs: int | None  # None: forever
+    storage: Storage | None = None  # how to reach remote shards; None when every shard is local
+    options: dict = field(default_factory=dict)  # format options (tidal.formats.OPTIONS)
+    given: dict = field(default_factory=dict, compare=False)  # src, format, follow_links as given: for to_config()
+    indexed: bool = field(default=False, compare=False)  # listed from a published index: checked on download
+
+    @property
+    def total(self) -> int:
+        return self.shards.total

@@ -130,12 +130,17 @@ class Restored:
 def check(state: Any, fingerprint: str, sources: dict) -> View:
     """The state as a :class:`View`, checked to be well formed and to describe this dataset."""
     view = check_layout(state)
-    if view.get(k.DATASET, None) != fingerprint:
-        raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
+    check_dataset(view, fingerprint)
     saved = view.data[k.SOURCES]
     if saved != sources:
         raise StateError(f"{view.where(k.SOURCES)}: {saved} does not describe this dataset's sources ({sources})")
     return view
+
+
+def check_dataset(view: View, fingerprint: str) -> None:
+    """That a loader state or a reader state (its ``dataset``) was saved from this dataset."""
+    if view.get(k.DATASET, None) != fingerprint:
+        raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
 
 
 def check_layout(state: Any, where: str = "state") -> View:

@@ -15,6 +15,7 @@ from typing import Any
 from tidal.errors import StateError
 from tidal.stages import Context, Stage
 from tidal.state import keys as k
+from tidal.state.schema import check_dataset
 from tidal.state.view import View
 from tidal.tables import records
 from tidal.world import World
@@ -47,10 +48,7 @@ class DatasetIterator(Iterator[Any]):
         self.items = 0
         if state is not None:
             view = View(state, where)
-            if view.get(k.DATASET, None) != fingerprint:
-                raise StateError(
-                    "this state was saved from a different dataset (other files, seed, block size or stages)"
-                )
+            check_dataset(view, fingerprint)
             saved = view.entries(k.READER, length=4)
             here = [world.rank, world.world_size, world.worker, world.num_workers]
             if saved != here:

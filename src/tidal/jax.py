@@ -45,8 +45,7 @@ from tidal.errors import ArgumentError, TidalError
 from tidal.pool import Ahead, Pool, WorkerType
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
-from tidal.state import keys as k
-from tidal.state import schema
+from tidal.state.ledger import Ledger
 from tidal.world import World
 
 __all__ = ["Loader", "data_sharding"]
@@ -124,10 +123,7 @@ class Loader:
         self._workers = max(1, num_workers)
         self._worker_type: WorkerType = worker_type
         self._prefetch = prefetch
-        self._pass = 0
-        self._origin: dict | None = None  # progress an elastic restore started from
-        self._local = schema.fresh_rank(self._workers)  # this process's readers: what the loop consumed
-        self._pending: dict | None = None  # a loaded state, applied when iteration starts
+        self._ledger = Ledger(dataset, self._workers, self._ranks)  # what the loop consumed, and the state
         self._running: weakref.ref[LoaderIterator] | None = None  # the pass in progress, while it lives
 
     # -- iteration -------------------------------------------------------------------
@@ -136,17 +132,14 @@ class Loader:
         """Start the readers from the last batch consumed (or the loaded state)."""
         self.close()
         ranks = self._ranks()
-        if self._pending is not None:
-            view = schema.check(self._pending, self.dataset.fingerprint(), self._sources())
-            restored = schema.restore(view, ranks.rank, ranks.world_size, self._workers)
-            self._pass, self._origin, self._local = restored.pass_, restored.origin, restored.rank
-            self._pending = None
+        self._ledger.restore(ranks)
         together = ranks.world_size > 1 and jax.process_count() > 1 and self.dataset.may_end_unevenly()
         running = LoaderIterator(self, ranks, together)
         self._running = weakref.ref(running)
         return running
 
-    def _ranks(self) -> World:
+    @staticmethod
+    def _ranks() -> World:  # static: the ledger holds it, and no cycle back to the loader
         ranks = World.ranks()
         count = jax.process_count()
         if count > 1 and (ranks.rank, ranks.world_size) != (jax.process_index(), count):
@@ -155,12 +148,6 @@ class Loader:
                 f"RANK/WORLD_SIZE) are not the JAX processes (process {jax.process_index()} of {count})"
             )
         return ranks
-
-    def _first_epoch(self) -> int:
-        return self._pass * self.dataset.epochs_per_pass()
-
-    def _sources(self) -> dict:
-        return schema.sources_of(self.dataset.sources())
 
     def _globalize(self, batch: Any) -> dict:
         """This process's batch as global arrays (numeric columns) and local lists (the rest)."""
@@ -178,9 +165,6 @@ class Loader:
                 )
             out[name] = jax.make_array_from_process_local_data(sharding, value)
         return out
-
-    def _pass_ended(self) -> None:
-        self._pass, self._origin, self._local = self._pass + 1, None, schema.fresh_rank(self._workers)
 
     def close(self) -> None:
         """Stop the background readers and prefetching (a later ``iter()`` starts them again)."""
@@ -204,34 +188,15 @@ class Loader:
         it at the same step; every process then gets the same dict. The layout is
         ``tidal.DataLoader``'s (:mod:`tidal.state.schema`): ranks are JAX processes.
         """
-        if self._pending is not None:
-            return self._pending
-        ranks = self._ranks()
-        local = schema.copy_rank(self._local)
-        every: list[dict | None] = [None] * ranks.world_size
-        if ranks.world_size > 1 and jax.process_count() > 1:
-            every = list(_allgather_json(local))
-        else:
-            every[ranks.rank] = local
-        return schema.make(
-            self.dataset.fingerprint(),
-            self._sources(),
-            self._pass,
-            self._first_epoch(),
-            [ranks.world_size, self._workers],
-            every,
-            self._origin,
-            self.dataset.records_per_batch(),
-        )
+        return self._ledger.snapshot(_allgather_json if jax.process_count() > 1 else None)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
         was saved: batch for batch on the same number of processes and workers, and with no
         record lost or repeated within the epoch on another. A state that is not one, or not
         this dataset's, is a :class:`~tidal.StateError` naming the key."""
-        schema.check(state, self.dataset.fingerprint(), self._sources())
+        self._ledger.load(state)
         self.close()
-        self._pending = state
 
 
 class LoaderIterator(Iterator[dict]):
@@ -245,19 +210,19 @@ class LoaderIterator(Iterator[dict]):
         self._loader = loader
         self._together = together
         self._done = False
-        local = loader._local
+        ledger = loader._ledger
         self._pool = Pool(
             loader.dataset,
             ranks,
-            list(local[k.WORKERS]),
-            loader._first_epoch(),
-            loader._origin,
+            ledger.readers,
+            ledger.first_epoch(),
+            ledger.origin,
             workers=loader._num_workers,
             worker_type=loader._worker_type,
             widen=int32_ids,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
-        made = _made(self._pool, loader._workers, local[k.NEXT_WORKER], loader._globalize, split)
+        made = _made(self._pool, loader._workers, ledger.next_worker, loader._globalize, split)
         self._source: Ahead[tuple[list, int, dict]] | Generator[tuple[list, int, dict]] = (
             Ahead(made, loader._prefetch, "tidal-jax-prefetch") if loader._prefetch else made
         )
@@ -278,13 +243,14 @@ class LoaderIterator(Iterator[dict]):
         if self._together and not _every_process_has(True):
             self._end()  # another process ran out: this pass ends here for all
             raise StopIteration
+        ledger = self._loader._ledger
         for i, (w, reader) in enumerate(parts):  # one part, or one of every worker (continuous rows)
-            schema.consume(self._loader._local, w, reader, tokens if i == 0 else 0, int(i == 0))
+            ledger.consume(w, reader, tokens if i == 0 else 0, int(i == 0))
         return batch
 
     def _end(self) -> None:
         self.close()
-        self._loader._pass_ended()
+        self._loader._ledger.pass_ended()
 
     def close(self) -> None:
         """Stop this pass's readers and prefetching; the loader keeps what was consumed."""

@@ -26,7 +26,6 @@ import multiprocessing
 import sys
 import time
 import weakref
-from collections import deque
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NoReturn
@@ -39,16 +38,16 @@ from tidal import env, shm
 from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
 from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
-from tidal.errors import ArgumentError, StateError, TidalError
+from tidal.errors import ArgumentError, TidalError
 from tidal.pool import Ahead
 from tidal.stages import add_stats
 from tidal.stages.continuous import shared_rows
-from tidal.state import keys as k
 from tidal.state import schema
+from tidal.state.ledger import Ledger
+from tidal.state.schema import RankState
 from tidal.world import World
 
 _log = logging.getLogger("tidal")
-UNDO = 64  # batches the state can step back over (see _held_by_lightning)
 
 
 def _widen(value: np.ndarray) -> np.ndarray:
@@ -180,7 +179,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         world = self.ranks.with_worker(worker, workers)
         state = self.states[worker] if self.bundled and worker < len(self.states) else None
-        where = f"state['{k.RANKS}'][{world.rank}]['{k.WORKERS}'][{worker}]"
+        where = schema.reader_where(world.rank, worker)
         it = self.dataset.iterator(world, state, self.first_epoch, self.origin if self.bundled else None, where)
         if self.bundled:
             return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
@@ -259,6 +258,14 @@ def _held_by_lightning(loader: DataLoader) -> int:
 def _distributed() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized()
+
+
+def _all_gather(local: RankState) -> list[RankState | None]:
+    """Every rank's rank state (an ``all_gather_object``), taken at the same step."""
+    every: list[RankState | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, local)
+    schema.check_same_step(every)
+    return every
 
 
 def _every_rank_has(batch: bool) -> bool:
@@ -343,17 +350,13 @@ class DataLoader(torch.utils.data.DataLoader):
         self._device = torch.device(device) if device is not None else None
         self._prefetch = prefetch_to_device
         self._copy_stream: Any = None  # the CUDA stream prefetched batches are copied on
-        self._pass = 0
-        self._origin: dict | None = None  # progress an elastic restore started from
-        self._local = schema.fresh_rank(self._workers)  # this rank's readers: what the training loop consumed
-        self._undo: deque[tuple[int, dict | None, int, int, int]] = deque(maxlen=UNDO)  # how to step back a batch
+        self._ledger = Ledger(dataset, self._workers)  # what the training loop consumed, and the state
         self._reader_stats: dict[int, dict] = {}  # each reader's counters, from its latest bundle
         self._counts = _Counts()  # not attributes of the loader: torch's __setattr__ costs a µs each
         self._started: float | None = None
         self._log_every = log_every
         self._logged = 0.0
         self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
-        self._pending: dict | None = None  # a loaded state, applied when iteration starts
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
 
     @classmethod
@@ -368,12 +371,6 @@ class DataLoader(torch.utils.data.DataLoader):
 
         data = schema.load(config)
         return cls(Dataset.from_config(data), **{**schema.loader_settings(data), **kwargs})
-
-    def _first_epoch(self) -> int:
-        return self._pass * self.tidal_dataset.epochs_per_pass()
-
-    def _sources(self) -> dict:
-        return schema.sources_of(self.tidal_dataset.sources())
 
     def stats(self) -> dict:
         """This rank's counters since its first batch: batches, tokens, seconds, throughput, the
@@ -408,69 +405,27 @@ class DataLoader(torch.utils.data.DataLoader):
         dict. Without it (``RANK``/``WORLD_SIZE`` only), it covers this rank alone: combine
         the ranks' states with :func:`tidal.state.merge` for an elastic restore.
         """
-        if self._pending is not None:
-            return self._pending
-        ranks = World.ranks()
-        local = schema.copy_rank(self._local)
-        held = list(self._undo)[::-1][: _held_by_lightning(self) * (self._workers if self._split else 1)]
-        for w, before, next_worker, tokens, batches in held:
-            local[k.WORKERS][w], local[k.NEXT_WORKER] = before, next_worker  # not trained on: not consumed
-            local[k.COUNTS][k.BATCHES] -= batches
-            local[k.COUNTS][k.TOKENS] -= tokens
-        every: list[dict | None] = [None] * ranks.world_size
-        if ranks.world_size > 1 and _distributed():
-            torch.distributed.all_gather_object(every, local)
-            steps = {r: e[k.COUNTS][k.BATCHES] for r, e in enumerate(every) if e is not None}
-            if len(set(steps.values())) > 1:  # every rank yields as many batches: these were saved apart
-                raise StateError(
-                    f"state_dict() was called after different numbers of batches on different ranks ({steps}): "
-                    "call it on every rank at the same step"
-                )
-        else:
-            every[ranks.rank] = local
-        topology = [ranks.world_size, self._workers]
-        fingerprint = self.tidal_dataset.fingerprint()
-        sources, per_batch = self._sources(), self.tidal_dataset.records_per_batch()
-        return schema.make(
-            fingerprint, sources, self._pass, self._first_epoch(), topology, every, self._origin, per_batch
-        )
+        held = _held_by_lightning(self) * (self._workers if self._split else 1)  # not trained on: not consumed
+        return self._ledger.snapshot(_all_gather if _distributed() else None, rewind=held)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
         was saved: batch for batch on the same topology, and with no record lost or repeated
         within the epoch on another (see :mod:`tidal.state.elastic`). A state that is not one,
         or not this dataset's, is a :class:`~tidal.StateError` naming the key."""
-        view = schema.check(state, self.tidal_dataset.fingerprint(), self._sources())
-        self._check_positions(view)
-        self._pending = state
+        self._ledger.load(state)
         if getattr(self, "_iterator", None) is not None:  # persistent workers hold the old position
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None
 
-    def _check_positions(self, view: Any) -> None:
-        """Open, and close, this rank's readers where the state puts them: a position no reader
-        takes (an offset past its share, a negative count, an epoch past the pass) is an error
-        now, naming its key, not at the first batch inside a worker. Nothing is read."""
-        ranks = World.ranks()
-        restored = schema.restore(view, ranks.rank, ranks.world_size, self._workers)
-        first = restored.pass_ * self.tidal_dataset.epochs_per_pass()
-        for w, state in enumerate(restored.rank[k.WORKERS]):
-            where = f"state['{k.RANKS}'][{ranks.rank}]['{k.WORKERS}'][{w}]"
-            world = ranks.with_worker(w, self._workers)
-            self.tidal_dataset.iterator(world, state, first, restored.origin, where).close()
-
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ranks = World.ranks()
-        if self._pending is not None:
-            view = schema.check(self._pending, self.tidal_dataset.fingerprint(), self._sources())
-            restored = schema.restore(view, ranks.rank, ranks.world_size, self._workers)
-            self._pass, self._origin, self._local = restored.pass_, restored.origin, restored.rank
-            self._pending = None
-        self._undo.clear()
+        ledger = self._ledger
+        ledger.restore(ranks)
         self._stream.ranks = ranks
-        self._stream.states = list(self._local[k.WORKERS])
-        self._stream.first_epoch = self._first_epoch()
-        self._stream.origin = self._origin
+        self._stream.states = ledger.readers
+        self._stream.first_epoch = ledger.first_epoch()
+        self._stream.origin = ledger.origin
         if self.persistent_workers and getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None  # the workers must start from this state
@@ -494,7 +449,7 @@ class DataLoader(torch.utils.data.DataLoader):
             weakref.finalize(bundles, shm.release, rings)
         device = self._device or accelerate_device()
         together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
-        return self._round_robin(bundles, self._local, device, together)
+        return self._round_robin(bundles, device, together)
 
     def _check_pickles(self) -> None:
         """Workers started with spawn or forkserver receive the dataset pickled: say which
@@ -507,15 +462,14 @@ class DataLoader(torch.utils.data.DataLoader):
             return
         check_pickles(self.tidal_dataset.stage, f"DataLoader workers started with {method!r}")
 
-    def _round_robin(
-        self, bundles: Iterator[Bundle], state: dict, device: torch.device | None, together: bool
-    ) -> Iterator[Any]:
+    def _round_robin(self, bundles: Iterator[Bundle], device: torch.device | None, together: bool) -> Iterator[Any]:
         """Batches in worker order. ``together``: ranks end the pass on the same step (one
         all_reduce per batch: does every rank have one?), so DDP never waits on a rank that ran out."""
         n = self._workers
         non_blocking = bool(self.pin_memory)
         ahead = self._prefetch > 0
-        made = self._make(bundles, n, state[k.NEXT_WORKER], device if ahead else None)
+        ledger = self._ledger
+        made = self._make(bundles, n, ledger.next_worker, device if ahead else None)
         source: Iterator[tuple[int, dict, int, Any, Any]] = (
             Ahead(made, self._prefetch, "tidal-prefetch-to-device") if ahead else made
         )
@@ -532,8 +486,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 if self._split and w != len(parts):
                     break  # a worker ended: no whole step is left (see tidal.bundle.steps)
                 batches = int(not self._split or w == n - 1)
-                self._undo.append((w, state[k.WORKERS][w], state[k.NEXT_WORKER], tokens, batches))
-                schema.consume(state, w, reader, tokens, batches)
+                ledger.consume(w, reader, tokens, batches)
                 if ahead:
                     item = arrived(item, copied, device)
                 else:
@@ -565,8 +518,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 _every_rank_has(False)  # the step the others are asking about
             for _ in bundles:  # let torch see every worker finish
                 pass
-        self._pass, self._origin, self._local = self._pass + 1, None, schema.fresh_rank(self._workers)
-        self._undo.clear()
+        ledger.pass_ended()
 
     def _stop_workers(self, bundles: Iterator[Bundle]) -> None:
         """Stop torch's worker processes now. Left to torch's ``__del__``, an iterator caught in a

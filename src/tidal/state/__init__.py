@@ -2,9 +2,11 @@
 
 A state is plain JSON: ints, strings, lists and dicts, never a buffer or a pickled object.
 Its keys are named once, in :mod:`tidal.state.keys`; this package is the only code that knows
-how a loader state is laid out (:mod:`tidal.state.schema`), how a state saved on one topology
-restores on another (:mod:`tidal.state.elastic`) and how one is shown or edited
-(:mod:`tidal.state.edit`). The words, each with one meaning:
+how a loader state is laid out (:mod:`tidal.state.schema`), how a loader keeps its state batch
+by batch, loads, restores and saves it (:mod:`tidal.state.ledger`, one for ``tidal.DataLoader``
+and ``tidal.jax.Loader`` alike), how a state saved on one topology restores on another
+(:mod:`tidal.state.elastic`) and how one is shown or edited (:mod:`tidal.state.edit`). The
+words, each with one meaning:
 
 - **position**: where one stage's iterator is, exactly; a stage with an upstream nests the
   upstream's position under ``upstream`` (a stage whose place is its upstream's, such as

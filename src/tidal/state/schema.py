@@ -20,25 +20,49 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from tidal.errors import StateError
 from tidal.state import keys as k
 from tidal.state.elastic import check_progress, progress
 from tidal.state.view import View
 
+ReaderState = dict[str, Any]
+"""One reader's state, ``DatasetIterator.state()``: ``dataset``, ``reader``, ``position``,
+``within``, ``used``, ``counts`` and, after an elastic restore, ``origin``. Read back through
+a :class:`View` (its position is each stage's own), so it is not typed further here."""
 
-def fresh_rank(workers: int) -> dict:
+
+# The rank state, the part of a loader state a loader changes batch by batch, typed. Its keys
+# are those of tidal.state.keys (tests/test_ledger.py holds them equal), spelled out as
+# TypedDict needs; the code indexes it with the names of tidal.state.keys, as any state.
+class RankCounts(TypedDict):
+    """What a rank's training loop consumed: ``batches`` and ``tokens`` (``input_ids``)."""
+
+    batches: int
+    tokens: int
+
+
+class RankState(TypedDict):
+    """Per worker its reader state after the last batch consumed, the worker whose batch comes
+    next, and the counts."""
+
+    next_worker: int
+    workers: list[ReaderState | None]
+    counts: RankCounts
+
+
+def fresh_rank(workers: int) -> RankState:
     """A rank state before any batch."""
     return {k.NEXT_WORKER: 0, k.WORKERS: [None] * workers, k.COUNTS: {k.BATCHES: 0, k.TOKENS: 0}}
 
 
-def copy_rank(rank: dict) -> dict:
+def copy_rank(rank: RankState) -> RankState:
     """A copy that later batches do not change (reader states themselves are never changed)."""
-    return {k.NEXT_WORKER: rank[k.NEXT_WORKER], k.WORKERS: list(rank[k.WORKERS]), k.COUNTS: dict(rank[k.COUNTS])}
+    return {k.NEXT_WORKER: rank[k.NEXT_WORKER], k.WORKERS: list(rank[k.WORKERS]), k.COUNTS: rank[k.COUNTS].copy()}
 
 
-def consume(rank: dict, worker: int, reader: dict, tokens: int, batches: int = 1) -> None:
+def consume(rank: RankState, worker: int, reader: ReaderState, tokens: int, batches: int = 1) -> None:
     """Update a rank state in place: the training loop consumed a batch of ``worker``, after
     which that worker's reader state is ``reader``; ``tokens``: its ``input_ids`` count.
     ``batches=0``: a part of a batch made of one batch of every worker (continuous rows)."""
@@ -47,6 +71,22 @@ def consume(rank: dict, worker: int, reader: dict, tokens: int, batches: int = 1
     counts = rank[k.COUNTS]
     counts[k.BATCHES] += batches
     counts[k.TOKENS] += tokens
+
+
+def reader_where(rank: int, worker: int) -> str:
+    """Where a rank's worker's reader state is in a loader state, as errors name it."""
+    return f"state['{k.RANKS}'][{rank}]['{k.WORKERS}'][{worker}]"
+
+
+def check_same_step(every: list[RankState | None]) -> None:
+    """That every known rank state was taken after as many batches: ranks yield as many
+    batches, so states taken at different steps were saved apart."""
+    steps = {r: e[k.COUNTS][k.BATCHES] for r, e in enumerate(every) if e is not None}
+    if len(set(steps.values())) > 1:
+        raise StateError(
+            f"state_dict() was called after different numbers of batches on different ranks ({steps}): "
+            "call it on every rank at the same step"
+        )
 
 
 def sources_of(plans: dict) -> dict:
@@ -60,7 +100,7 @@ def make(
     pass_: int,
     first_epoch: int,
     topology: list[int],
-    ranks: list[dict | None],
+    ranks: list[RankState | None],
     origin: dict | None,
     records_per_batch: int | None = None,
 ) -> dict:
@@ -124,18 +164,23 @@ class Restored:
 
     pass_: int
     origin: dict | None
-    rank: dict
+    rank: RankState
 
 
 def check(state: Any, fingerprint: str, sources: dict) -> View:
     """The state as a :class:`View`, checked to be well formed and to describe this dataset."""
     view = check_layout(state)
-    if view.get(k.DATASET, None) != fingerprint:
-        raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
+    check_dataset(view, fingerprint)
     saved = view.data[k.SOURCES]
     if saved != sources:
         raise StateError(f"{view.where(k.SOURCES)}: {saved} does not describe this dataset's sources ({sources})")
     return view
+
+
+def check_dataset(view: View, fingerprint: str) -> None:
+    """That a loader state or a reader state (its ``dataset``) was saved from this dataset."""
+    if view.get(k.DATASET, None) != fingerprint:
+        raise StateError("this state was saved from a different dataset (other files, seed, block size or stages)")
 
 
 def check_layout(state: Any, where: str = "state") -> View:

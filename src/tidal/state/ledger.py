@@ -1,0 +1,161 @@
+"""The ledger of a loader: what its training loop has consumed, and the state made from it.
+
+``tidal.DataLoader`` and ``tidal.jax.Loader`` keep their ledger here and only move batches:
+each hands the ledger, batch by batch, its worker's reader state after the batch
+(:meth:`Ledger.consume`), and gathers the rank states of all ranks when a state is saved
+(:meth:`Ledger.snapshot`). The ledger holds
+
+- the **pass** (complete passes over the loader before this one) and the **origin** (the
+  progress an elastic restore started this pass's readers from, or None);
+- this rank's **rank state** (:data:`~tidal.state.schema.RankState`): per worker its reader
+  state after the last batch consumed, which worker is next, and the counts;
+- a **pending** state: loaded (and checked) by :meth:`Ledger.load`, applied when the next
+  iteration starts (:meth:`Ledger.restore`), and returned as it is by a ``state_dict()``
+  before then;
+- the **undo** records of the last :data:`UNDO` batches, so a state can leave out batches the
+  loader yielded but the training loop has not trained on (Lightning fetches ahead).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from tidal.state import keys as k
+from tidal.state import schema
+from tidal.state.schema import RankState, ReaderState
+from tidal.state.view import View
+from tidal.world import World
+
+if TYPE_CHECKING:
+    from tidal.dataset import Dataset
+
+UNDO = 64  # batches a state can step back over (see Ledger.snapshot)
+
+Gather = Callable[[RankState], list[RankState | None]]
+"""Every rank's rank state, in rank order, given this rank's (a collective: every rank calls it)."""
+
+
+class Undo(NamedTuple):
+    """How to step back over one consumed batch (or part of one: continuous rows)."""
+
+    worker: int
+    before: ReaderState | None  # the worker's reader state before it
+    next_worker: int  # the worker that was next before it
+    tokens: int
+    batches: int
+
+
+class Ledger:
+    """One loader's ledger over ``dataset``, read by ``workers`` readers on each rank;
+    ``ranks``: the ranks the loader reads as (``World.ranks``, or the JAX processes)."""
+
+    def __init__(self, dataset: Dataset, workers: int, ranks: Callable[[], World] = World.ranks):
+        self.dataset = dataset
+        self.workers = workers
+        self._ranks = ranks
+        self.pass_ = 0
+        self.origin: dict | None = None  # progress an elastic restore started from
+        self.local = schema.fresh_rank(workers)  # this rank's readers: what the training loop consumed
+        self.pending: dict | None = None  # a loaded state, applied when iteration starts
+        self._undo: deque[Undo] = deque(maxlen=UNDO)
+
+    # -- what the readers start from ------------------------------------------------------
+
+    def first_epoch(self) -> int:
+        """The first epoch of the pass in progress."""
+        return self.pass_ * self.dataset.epochs_per_pass()
+
+    @property
+    def readers(self) -> list[ReaderState | None]:
+        """Per worker, the reader state to continue from (None: the start of its share)."""
+        return list(self.local[k.WORKERS])
+
+    @property
+    def next_worker(self) -> int:
+        """The worker whose batch comes next."""
+        return self.local[k.NEXT_WORKER]
+
+    def sources(self) -> dict:
+        """``sources`` of a state of this dataset."""
+        return schema.sources_of(self.dataset.sources())
+
+    # -- loading and restoring ---------------------------------------------------------
+
+    def load(self, state: dict) -> None:
+        """Check ``state`` whole, and this rank's positions in it, and keep it for the next
+        :meth:`restore`. A state that is not one, or not this dataset's, or that puts a reader
+        where none can be, is a :class:`~tidal.StateError` naming the key."""
+        view = schema.check(state, self.dataset.fingerprint(), self.sources())
+        self._check_positions(view)
+        self.pending = state
+
+    def _check_positions(self, view: View) -> None:
+        """Open, and close, this rank's readers where the state puts them: a position no reader
+        takes (an offset past its share, a negative count, an epoch past the pass) is an error
+        now, naming its key, not at the first batch inside a worker. Nothing is read."""
+        ranks = self._ranks()
+        restored = schema.restore(view, ranks.rank, ranks.world_size, self.workers)
+        first = restored.pass_ * self.dataset.epochs_per_pass()
+        for w, state in enumerate(restored.rank[k.WORKERS]):
+            world = ranks.with_worker(w, self.workers)
+            self.dataset.iterator(world, state, first, restored.origin, schema.reader_where(ranks.rank, w)).close()
+
+    def restore(self, ranks: World) -> None:
+        """At the start of an iteration as rank ``ranks``: apply the pending state, if any."""
+        if self.pending is not None:
+            view = schema.check(self.pending, self.dataset.fingerprint(), self.sources())
+            restored = schema.restore(view, ranks.rank, ranks.world_size, self.workers)
+            self.pass_, self.origin, self.local = restored.pass_, restored.origin, restored.rank
+            self.pending = None
+        self._undo.clear()
+
+    # -- batch by batch ------------------------------------------------------------------
+
+    def consume(self, worker: int, reader: ReaderState, tokens: int, batches: int = 1) -> None:
+        """The training loop received a batch of ``worker`` (``batches=0``: a part of one, see
+        :func:`tidal.state.schema.consume`), after which its reader state is ``reader``."""
+        local = self.local
+        self._undo.append(Undo(worker, local[k.WORKERS][worker], local[k.NEXT_WORKER], tokens, batches))
+        schema.consume(local, worker, reader, tokens, batches)
+
+    def rewound(self, records: int) -> RankState:
+        """A copy of the rank state before the last ``records`` consumed (at most :data:`UNDO`)."""
+        local = schema.copy_rank(self.local)
+        for undo in list(self._undo)[::-1][:records] if records else ():
+            local[k.WORKERS][undo.worker], local[k.NEXT_WORKER] = undo.before, undo.next_worker
+            local[k.COUNTS][k.BATCHES] -= undo.batches
+            local[k.COUNTS][k.TOKENS] -= undo.tokens
+        return local
+
+    def pass_ended(self) -> None:
+        """The pass ended: the next one starts afresh, with the next epochs."""
+        self.pass_, self.origin, self.local = self.pass_ + 1, None, schema.fresh_rank(self.workers)
+        self._undo.clear()
+
+    # -- saving --------------------------------------------------------------------------
+
+    def snapshot(self, gather: Gather | None = None, rewind: int = 0) -> dict:
+        """The loader state (the pending one, if it has not been applied yet): this rank's
+        state less its last ``rewind`` records (batches not trained on), and with several
+        ranks and a ``gather``, every rank's; else this rank's alone, the others None."""
+        if self.pending is not None:
+            return self.pending
+        ranks = self._ranks()
+        local = self.rewound(rewind)
+        every: list[RankState | None] = [None] * ranks.world_size
+        if ranks.world_size > 1 and gather is not None:
+            every = gather(local)
+        else:
+            every[ranks.rank] = local
+        return schema.make(
+            self.dataset.fingerprint(),
+            self.sources(),
+            self.pass_,
+            self.first_epoch(),
+            [ranks.world_size, self.workers],
+            every,
+            self.origin,
+            self.dataset.records_per_batch(),
+        )

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tidal import env
-from tidal.errors import TidalError
+from tidal.errors import StorageError
 from tidal.formats import formats
 from tidal.storage.cache import mkdirs
 
@@ -97,7 +97,7 @@ def save(where: Path, entries: Entries, data: bytes | None = None) -> None:
         os.replace(tmp, where)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise TidalError(f"cannot write the shard index {where}: {exc}") from exc
+        raise StorageError(f"cannot write the shard index {where}: {exc}") from exc
 
 
 _FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error")

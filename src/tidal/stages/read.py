@@ -24,7 +24,17 @@ import numpy as np
 import pyarrow as pa
 
 from tidal import env
-from tidal.errors import ConfigError, FormatError, RecordError, SchemaError, StateError, StorageError, TidalError
+from tidal.errors import (
+    ArgumentError,
+    ConfigError,
+    FormatError,
+    RecordError,
+    SchemaError,
+    SourceError,
+    StateError,
+    StorageError,
+    TidalError,
+)
 from tidal.formats import Errors, Located, Piece, Reader, data_errors, exhausted, module, threaded
 from tidal.order import EpochOrder, Intervals, share
 from tidal.shards import Shards
@@ -284,9 +294,9 @@ class ReadIterator(StageIterator):
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(plan.shards.paths[:3]) + (", ..." if len(plan.shards) > 3 else "")
-            raise TidalError(f"the dataset has no records, so it cannot repeat forever (its files: {files})")
+            raise SourceError(f"the dataset has no records, so it cannot repeat forever (its files: {files})")
         if plan.epochs is None and not share(total, [], world.consumers, world.consumer, drop_remainder=False):
-            raise TidalError(
+            raise ArgumentError(
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
                 f"{world.num_workers} workers) forever: each needs at least one record per epoch"
             )
@@ -409,7 +419,7 @@ class ReadIterator(StageIterator):
             f". The first: {why}. Check format= and columns=, and the files"
         )
         if self._plan.epochs is None:
-            raise TidalError(message)
+            raise FormatError(message)
         log.warning("%s", message)
 
     def _epoch_order(self) -> EpochOrder:

@@ -72,12 +72,6 @@ def index_json(entries: dict[str, dict]) -> bytes:
     return table.to_json()
 
 
-def read_index(data: bytes) -> dict[str, dict]:
-    """The entries of an index (any version this tidal reads), by file key."""
-    table = Entries.parse(loads(data))
-    return {key: entry for key in table.keys if (entry := table.get(key)) is not None}
-
-
 def load(where: Path) -> Entries:
     try:
         data = loads(where.read_bytes())

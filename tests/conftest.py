@@ -44,6 +44,14 @@ def make_shards(root: Path, sizes: list[int], kinds: tuple[str, ...] = ("jsonl",
     return root
 
 
+def read_index(data: bytes) -> dict[str, dict]:
+    """The entries of an index file (any version tidal reads), by file key."""
+    from tidal.index_file import Entries
+
+    table = Entries.parse(json.loads(data))
+    return {key: entry for key in table.keys if (entry := table.get(key)) is not None}
+
+
 @functools.cache
 def mds_writer() -> type:
     """Mosaic ``streaming``'s real ``MDSWriter``, or skip the test where it is not installed.

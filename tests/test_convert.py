@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_shards, write_jsonl
+from conftest import make_shards, read_index, write_jsonl
 
 import tidal
 from tidal.cli import main
 from tidal.convert import Report, convert, cut
-from tidal.index_file import read_index
 from tidal.storage.cache import file_digest
 
 SIZES = [5, 23, 1, 17, 30, 2, 11, 29, 12]  # 130 records in jsonl, jsonl.zst and parquet files

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from conftest import read_index
 from fault_proxy import FaultProxy
 
 import tidal
-from tidal.index_file import read_index
 from tidal.storage import Storage
 
 pytestmark = pytest.mark.slow

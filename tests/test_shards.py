@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import make_shards, write_jsonl
+from conftest import make_shards, read_index, write_jsonl
 
 import tidal
-from tidal.index_file import INDEX_NAME, read_index
+from tidal.index_file import INDEX_NAME
 
 
 def test_the_index_is_cached_beside_the_data_and_reused(tmp_path: Path) -> None:

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_shards, write_parquet
+from conftest import make_shards, read_index, write_parquet
 from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import tidal
-from tidal.index_file import index_json, read_index
+from tidal.index_file import index_json
 from tidal.storage import Retry, Storage
 from tidal.storage import prefetch as prefetch_module
 from tidal.storage.prefetch import entry

@@ -136,10 +136,8 @@ class Bundle:
     @staticmethod
     def _stack(values: list[Any], widen: Widen) -> Any:
         v0 = values[0]
-        if (
-            isinstance(v0, np.ndarray)
-            and v0.dtype.kind in "biuf"
-            and all(isinstance(v, np.ndarray) and v.shape == v0.shape and v.dtype == v0.dtype for v in values)
+        if numeric(v0) and all(
+            isinstance(v, np.ndarray) and v.shape == v0.shape and v.dtype == v0.dtype for v in values
         ):
             return widen(np.stack(values))
         if Strings.accepts(values):

@@ -20,7 +20,7 @@ from tidal.errors import ArgumentError
 from tidal.formats import Errors, check_columns, check_errors, check_options
 from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
-from tidal.shards import Shards
+from tidal.shards import Shard, Shards
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Schedule
@@ -137,7 +137,7 @@ class Dataset:
         src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
         indexed = False
         if held is not None:
-            shards = Shards.of(held)
+            shards = Shards.of(Shard(**fields) for fields in held)  # an in-memory table's shards
         else:
             settings, shards, indexed = open_shards(src, fmt, errors, settings, follow_links, progress)
         check_columns(shards, columns)

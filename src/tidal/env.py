@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tidal.errors import TidalError
+from tidal.errors import ConfigError
 
 
 def ranks() -> tuple[int, int] | None:
@@ -26,9 +26,9 @@ def ranks() -> tuple[int, int] | None:
     try:
         r, n = int(rank), int(size)
     except ValueError:
-        raise TidalError(f"RANK={rank!r} and WORLD_SIZE={size!r} must be integers") from None
+        raise ConfigError(f"RANK={rank!r} and WORLD_SIZE={size!r} must be integers") from None
     if not 0 <= r < n:
-        raise TidalError(f"RANK={r} is outside WORLD_SIZE={n}")
+        raise ConfigError(f"RANK={r} is outside WORLD_SIZE={n}")
     return r, n
 
 
@@ -51,7 +51,7 @@ def read_threads() -> int:
     given = os.environ.get("TIDAL_READ_THREADS", "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
-            raise TidalError(f"TIDAL_READ_THREADS must be a positive integer, not {given!r}")
+            raise ConfigError(f"TIDAL_READ_THREADS must be a positive integer, not {given!r}")
         return int(given)
     return max(1, min(4, _cores() // _local_ranks()))
 

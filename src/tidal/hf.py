@@ -19,7 +19,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from tidal.dataset import Dataset
-from tidal.errors import StateError
+from tidal.errors import ArgumentError, StateError
 from tidal.loader import DataLoader
 from tidal.stages import walk
 from tidal.world import World
@@ -46,9 +46,9 @@ class TidalTrainer(Trainer):
         super().__init__(*args, **kwargs)
         ds = self.train_dataset
         if not isinstance(ds, Dataset):
-            raise TypeError(f"TidalTrainer trains on a tidal.Dataset, not {type(ds).__name__}")
+            raise ArgumentError(f"TidalTrainer trains on a tidal.Dataset, not {type(ds).__name__}")
         if any(s.shifts_labels() for s in walk(ds.stage)):
-            raise ValueError("Hugging Face models shift labels themselves: use pack(..., shift_labels=False)")
+            raise ArgumentError("Hugging Face models shift labels themselves: use pack(..., shift_labels=False)")
         self.args.ignore_data_skip = True  # the loader restores its own position; never skip batches
         self._data_loader: DataLoader | None = None
         self._data_state: dict | None = None

@@ -61,8 +61,9 @@ def resolve(
     src: Any, format: str | None, columns: Sequence[str] | None
 ) -> tuple[Any, str | None, Sequence[str] | None, list[Any] | None]:
     """``(source, format, columns, shards)`` for what ``tidal.Dataset`` was given: a ``datasets``
-    object becomes its files (or, without files, ``shards`` of its in-memory table); hf:// URLs
-    are spelled out; anything else is returned as it is, with ``shards`` None."""
+    object becomes its files (or, without files, ``shards``: the fields of each shard of its
+    in-memory table, see :func:`tidal.formats.memory.shards`); hf:// URLs are spelled out;
+    anything else is returned as it is, with ``shards`` None."""
     if isinstance(src, str):
         return hub_url(src), format, columns, None
     if isinstance(src, (list, tuple)):

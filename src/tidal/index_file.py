@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tidal import env
-from tidal.errors import TidalError
+from tidal.errors import StorageError
 from tidal.formats import formats
 from tidal.storage.cache import mkdirs
 
@@ -72,12 +72,6 @@ def index_json(entries: dict[str, dict]) -> bytes:
     return table.to_json()
 
 
-def read_index(data: bytes) -> dict[str, dict]:
-    """The entries of an index (any version this tidal reads), by file key."""
-    table = Entries.parse(loads(data))
-    return {key: entry for key in table.keys if (entry := table.get(key)) is not None}
-
-
 def load(where: Path) -> Entries:
     try:
         data = loads(where.read_bytes())
@@ -97,7 +91,7 @@ def save(where: Path, entries: Entries, data: bytes | None = None) -> None:
         os.replace(tmp, where)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise TidalError(f"cannot write the shard index {where}: {exc}") from exc
+        raise StorageError(f"cannot write the shard index {where}: {exc}") from exc
 
 
 _FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal import shards as shard_index
-from tidal.errors import SourceError, StorageError
+from tidal.errors import ArgumentError, SourceError, StorageError
 from tidal.index_file import Entries
 from tidal.listing import listing, remote_root
 from tidal.published import location, publish
@@ -89,7 +89,7 @@ def index(
     if root is None:
         raise SourceError(f"{redact(src)}: tidal index takes a directory or a glob, not one file")
     if engine not in ("processes", "ray"):
-        raise ValueError(f"engine must be 'processes' or 'ray', not {engine!r}")
+        raise ArgumentError(f"engine must be 'processes' or 'ray', not {engine!r}")
     settings = storage or Storage()
     if storage_options is not None:
         settings = replace(settings, options=storage_options)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from tidal.bundle import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
-from tidal.errors import ArgumentError, TidalError
+from tidal.errors import ArgumentError, StorageError, TidalError
 from tidal.state import keys as k
 from tidal.world import World
 
@@ -195,7 +195,7 @@ class Pool:
                 worker = self._workers[w]
                 if not worker.is_alive() and self._queues[w].empty():
                     code = getattr(worker, "exitcode", None)
-                    raise TidalError(
+                    raise StorageError(
                         f"tidal reader {w} ended without its data (exit code {code}); its error, if any, is "
                         "above. Readers started with spawn import the main script again: guard its code "
                         "with `if __name__ == '__main__':`"

@@ -40,7 +40,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from tidal.errors import FormatError, StorageError
+from tidal.errors import ArgumentError, FormatError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
 from tidal.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
 from tidal.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
@@ -103,7 +103,7 @@ class Shards(Sequence[Shard]):
         self.hashes = hashes if hashes is not None else [None] * n
         self.errors = errors if errors is not None else [None] * n
         if not all(len(c) == n for c in self._columns()):
-            raise ValueError("every column of Shards needs one value per shard")
+            raise ArgumentError("every column of Shards needs one value per shard")
 
     @classmethod
     def of(cls, shards: Iterable[Shard]) -> Shards:

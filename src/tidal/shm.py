@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tidal.bundle import Strings
+from tidal.bundle import Strings, numeric
 from tidal.errors import TidalError
 
 SLOT_BYTES = 16 << 20  # a bundle larger than this goes through the pipe
@@ -214,7 +214,7 @@ def pack_columns(columns: dict[str, Any], name: str, slots: int) -> tuple[dict[s
     arrays: list[np.ndarray | list[bytes]] = []
     rest = dict(columns)
     for key, col in columns.items():
-        if isinstance(col, np.ndarray) and col.dtype.kind in "biuf":
+        if numeric(col):
             names.append((key, "array"))
             arrays.append(np.ascontiguousarray(col))
             rest[key] = None

@@ -17,6 +17,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from tidal.errors import ArgumentError
+
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
 
@@ -89,7 +91,7 @@ def storage_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--storage-option {pair.split('=')[0]!r}: expected KEY=VALUE")
+            raise ArgumentError(f"--storage-option {pair.split('=')[0]!r}: expected KEY=VALUE")
         try:
             value: Any = json.loads(text)
         except ValueError:
@@ -99,7 +101,7 @@ def storage_options(pairs: list[str]) -> dict[str, Any]:
         for name in parents:
             inner = where.setdefault(name, {})
             if not isinstance(inner, dict):
-                raise ValueError(f"--storage-option {key}: {name} is given both as a value and as a group")
+                raise ArgumentError(f"--storage-option {key}: {name} is given both as a value and as a group")
             where = inner
         where[last] = value
     return out
@@ -127,10 +129,10 @@ def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
 
     if args.config is not None:
         if args.url is not None:
-            raise ValueError("give URL or --config PIPELINE, not both")
+            raise ArgumentError("give URL or --config PIPELINE, not both")
         return Dataset.from_config(args.config)
     if args.url is None:
-        raise ValueError("give a URL (a file, directory, glob or fsspec URL) or --config PIPELINE")
+        raise ArgumentError("give a URL (a file, directory, glob or fsspec URL) or --config PIPELINE")
     options = storage_options(args.storage_option)
     follow = bool(getattr(args, "follow_links", False))
     kwargs: dict[str, Any] = {"storage_options": options or None, "cache_dir": args.cache_dir, "follow_links": follow}

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidal.commands import add_source, open_dataset, progress_on, rate, seconds, size
 from tidal.commands.plot import Series, png, terminal
+from tidal.errors import ArgumentError
 from tidal.progress import Bar
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def pipeline(args: argparse.Namespace) -> Dataset:
     if args.config is not None:
         given = [f"--{n}" for n in ("tokenize", "pack", "shuffle") if getattr(args, n) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)}: the pipeline comes from --config; change it there")
+            raise ArgumentError(f"{', '.join(given)}: the pipeline comes from --config; change it there")
         return open_dataset(args)
     if args.tokenize and args.columns is None:
         args.columns = args.column or "text"  # read only the text
@@ -132,9 +133,9 @@ def pipeline(args: argparse.Namespace) -> Dataset:
 
 def run(args: argparse.Namespace) -> int:
     if args.seconds <= 0 or args.batch < 1 or args.workers < 0:
-        raise ValueError("--seconds and --batch must be positive and --workers at least 0")
+        raise ArgumentError("--seconds and --batch must be positive and --workers at least 0")
     if args.step_time is not None and args.step_time < 0:
-        raise ValueError("--step-time cannot be negative")
+        raise ArgumentError("--step-time cannot be negative")
     began = time.perf_counter()
     ds = pipeline(args)
     opened = time.perf_counter() - began

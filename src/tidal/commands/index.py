@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from tidal.commands import add_progress, progress_on, size, storage_options
+from tidal.errors import ArgumentError
 from tidal.progress import Bar
 
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from tidal.storage.config import Storage
 
     if args.workers < 0:
-        raise ValueError("--workers cannot be negative")
+        raise ArgumentError("--workers cannot be negative")
     bar = Bar(None, "index", "file", progress_on(args))
     try:
         shards = index(

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from tidal.commands import add_source, listed, open_dataset, size
+from tidal.errors import ArgumentError
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     if args.samples < 0 or args.limit < 0:
-        raise ValueError("--samples and --limit cannot be negative")
+        raise ArgumentError("--samples and --limit cannot be negative")
     ds = open_dataset(args, errors=listed if args.config is None else "raise")
     if args.config is not None:
         return _pipeline(ds, args)

@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from tidal.commands import add_source, open_dataset, progress_on, rate, seconds, size
+from tidal.errors import ArgumentError
 from tidal.progress import Bar
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def bandwidth(text: str) -> float:
         r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*([kKmMgGtT]?)(i?)(bit|byte|b|B)?\s*(?:/s|ps)?\s*", text
     )
     if m is None or float(m.group(1)) <= 0:
-        raise ValueError(f"--bandwidth {text!r}: give a positive rate such as 1GB/s, 500MB/s or 10Gbit/s")
+        raise ArgumentError(f"--bandwidth {text!r}: give a positive rate such as 1GB/s, 500MB/s or 10Gbit/s")
     number, prefix, binary, unit = m.groups()
     power = " kmgt".index(prefix.lower()) if prefix else 0
     scale = (1024 if binary else 1000) ** power
@@ -105,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("ranks", "ranks_per_node", "batch", "block_size", "shards_per_block", "sample_batches"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+            raise ArgumentError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     if (args.workers is not None and args.workers < 0) or args.epoch < 0:
-        raise ValueError("--workers and --epoch cannot be negative")
+        raise ArgumentError("--workers and --epoch cannot be negative")
     per_second = bandwidth(args.bandwidth)
     ds = open_dataset(args)
     workers = args.workers

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tidal.errors import TidalError
+from tidal.errors import MissingDependency, StorageError
 
 Done = Callable[[tuple[int, Any]], None]
 
@@ -63,7 +63,7 @@ def run_processes(job: Job, todo: list[int], workers: int, done: Done) -> None:
                 try:
                     result = f.result()
                 except BrokenProcessPool:
-                    raise TidalError(
+                    raise StorageError(
                         f"a {job.noun} process died (killed, or out of memory) while {job.doing(shard)}; "
                         f"what is finished is kept: run the same {job.noun} again to go on"
                     ) from None
@@ -87,7 +87,7 @@ def run_ray(job: Job, todo: list[int], workers: int, address: str | None, done: 
     try:
         import ray
     except ImportError:
-        raise TidalError("--engine ray needs Ray: pip install 'ray[data]'") from None
+        raise MissingDependency("--engine ray needs Ray: pip install 'ray[data]'") from None
     started = False
     if not ray.is_initialized():
         if address:  # a cluster: its own settings
@@ -116,7 +116,7 @@ def run_ray(job: Job, todo: list[int], workers: int, address: str | None, done: 
                     cause = getattr(exc, "cause", None)  # a RayTaskError: the task's own error, raised as it was
                     if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
                         raise cause from None
-                    raise TidalError(
+                    raise StorageError(
                         f"the Ray task {job.doing(shard)} failed ({type(exc).__name__}); "
                         f"what is finished is kept: run the same {job.noun} again to go on"
                     ) from exc

@@ -21,7 +21,7 @@ import numpy as np
 
 from tidal.convert.task import READ_BLOCK, read_range
 from tidal.dataset import Dataset
-from tidal.errors import TidalError
+from tidal.errors import ArgumentError, SchemaError, SourceError, StateError
 from tidal.stages import Stage, walk
 from tidal.stages.read import Read
 from tidal.tables import Table, length
@@ -35,7 +35,7 @@ def chain(ds: Dataset) -> Stage:
     """The dataset's chain over its source unshuffled, one epoch, read in small blocks."""
     for stage in walk(ds.stage):
         if not stage.record_wise():
-            raise TidalError(
+            raise ArgumentError(
                 f"convert writes records: {stage.call()} cannot come in the chain (read, map, filter and tokenize can; "
                 "mixing, packing and batching belong to the training pipeline that reads the output)"
             )
@@ -62,20 +62,20 @@ def load_or_make(stage: Stage, ds: Dataset, to: str, column: str, size: int, out
         except ValueError:
             found = {}
         if not isinstance(found, dict) or found.get("fingerprint") != key:
-            raise TidalError(
+            raise StateError(
                 f"{output.where(WORK + '/plan.json')}: {output.url} holds a conversion of another source or with other "
                 "options; remove it, or convert into another directory"
             )
         return found
     others = [n for n in output.names() if n != WORK]
     if others:
-        raise TidalError(
+        raise ArgumentError(
             f"{output.url}: not empty ({others[0]}, ...) and not a tidal conversion: convert into a new directory"
         )
     sources = ds.shards
     total = sum(s.rows for s in sources)
     if total == 0:
-        raise TidalError(f"{ds!r}: the source has no records to convert")
+        raise SourceError(f"{ds!r}: the source has no records to convert")
     offsets = np.concatenate([[0], np.cumsum([s.rows for s in sources])]).astype(np.int64)
     sample: list[Table] = []
     got = 0
@@ -91,7 +91,7 @@ def load_or_make(stage: Stage, ds: Dataset, to: str, column: str, size: int, out
         try:
             schema = infer_schema(sample)
         except ValueError:
-            raise TidalError(
+            raise SchemaError(
                 f"{ds!r}: no record in the first {SAMPLE_RECORDS} to take the output's schema from"
             ) from None
         plan["schema"] = schema.serialize().to_pybytes().hex()

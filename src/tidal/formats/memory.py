@@ -25,17 +25,17 @@ def scan(path: str, compression: str | None, file: Any = None) -> dict:
     raise FormatError(f"{path}: format 'memory' holds in-memory Arrow tables, not files; pick another format=")
 
 
-def shards(table: pa.Table, name: str, rows_per_shard: int) -> list[Any]:
-    """``table`` as shards of at most ``rows_per_shard`` rows, named ``<name>/part-00000`` and on."""
-    from tidal.shards import Shard
-
+def shards(table: pa.Table, name: str, rows_per_shard: int) -> list[dict[str, Any]]:
+    """``table`` as shards of at most ``rows_per_shard`` rows, named ``<name>/part-00000`` and on:
+    each the fields of a :class:`tidal.Shard` (``path``, ``rows``, ``bytes``, ``format``, ``info``),
+    which the dataset makes into one (formats sit below shards, so nothing here imports them)."""
     columns = {f.name: str(f.type) for f in table.schema}
     out = []
     for i, start in enumerate(range(0, max(1, table.num_rows), rows_per_shard)):
         rows = min(rows_per_shard, table.num_rows - start)
         nbytes = table.slice(start, rows).nbytes
         info = {"table": table, "start": start, "columns": columns}
-        out.append(Shard(f"{name}/part-{i:05d}", rows, nbytes, NAME, None, info))
+        out.append({"path": f"{name}/part-{i:05d}", "rows": rows, "bytes": nbytes, "format": NAME, "info": info})
     return out
 
 

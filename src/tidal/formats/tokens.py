@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from tidal.errors import FormatError, SchemaError
+from tidal.errors import ArgumentError, FormatError, SchemaError
 from tidal.formats import Errors, Options, Piece, source
 from tidal.formats.binary import check_offsets, mapped, view
 
@@ -201,9 +201,9 @@ class TokenWriter:
         self.dir = Path(directory)
         self.dtype = np.dtype(dtype).newbyteorder("<")
         if self.dtype.itemsize not in _DTYPES or self.dtype.kind != "u":
-            raise ValueError(f"token ids are stored as uint16 or uint32, not {np.dtype(dtype)}")
+            raise ArgumentError(f"token ids are stored as uint16 or uint32, not {np.dtype(dtype)}")
         if shard_size < 1:
-            raise ValueError("shard_size must be at least 1 byte")
+            raise ArgumentError("shard_size must be at least 1 byte")
         self.shard_size = shard_size
         self.dir.mkdir(parents=True, exist_ok=True)
         self._docs: list[np.ndarray] = []
@@ -215,13 +215,15 @@ class TokenWriter:
     def write(self, ids: Sequence[int] | np.ndarray) -> None:
         """Add one document."""
         if self._closed:
-            raise ValueError("write() after close()")
+            raise ArgumentError("write() after close()")
         arr = np.asarray(ids)
         if arr.ndim != 1:
-            raise ValueError(f"a document is a 1-D sequence of token ids, not shape {arr.shape}")
+            raise ArgumentError(f"a document is a 1-D sequence of token ids, not shape {arr.shape}")
         if arr.dtype != self.dtype:
             if len(arr) and (arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() > np.iinfo(self.dtype).max):
-                raise ValueError(f"token ids must be integers in 0..{np.iinfo(self.dtype).max} for {self.dtype.name}")
+                raise ArgumentError(
+                    f"token ids must be integers in 0..{np.iinfo(self.dtype).max} for {self.dtype.name}"
+                )
             arr = arr.astype(self.dtype)
         self._docs.append(arr)
         self._bytes += arr.nbytes

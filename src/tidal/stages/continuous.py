@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tidal.errors import StateError, TidalError
+from tidal.errors import ArgumentError, StateError
 from tidal.stages import Context, Stage, StageIterator, add_stats
 from tidal.stages.batch import Batch
 from tidal.state import keys as k
@@ -44,7 +44,7 @@ from tidal.tables import Table, columns, concat
 def rows_per_reader(size: int, workers: int) -> int:
     """Rows each of ``workers`` readers of a rank streams for batches of ``size`` continuous rows."""
     if size % workers:
-        raise TidalError(
+        raise ArgumentError(
             f"batch({size}, continuous=True): {size} rows cannot be shared evenly by {workers} workers; "
             "use a batch size that the worker count divides"
         )

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidal.errors import ArgumentError, ConfigError, StateError, TidalError
+from tidal.errors import ArgumentError, ConfigError, StateError
 from tidal.order import rng
 from tidal.stages import Context, Joined, Locator, Stage, StageIterator, add_stats, walk
 from tidal.stages.batch import Batch
@@ -299,7 +299,7 @@ class MixIterator(StageIterator):
             per_reader = [c // self._world.consumers + (reader < c % self._world.consumers) for c in mix.counts]
             size = sum(per_reader)
             if size == 0:
-                raise TidalError("mix(): the counts give this reader no record per mixture epoch")
+                raise ArgumentError("mix(): the counts give this reader no record per mixture epoch")
             epoch, at = divmod(k, size)
             if self._order_cache is None or self._order_cache[0] != epoch:
                 order = np.repeat(np.arange(len(per_reader), dtype=np.int32), per_reader)

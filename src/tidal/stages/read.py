@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from tidal.errors import ConfigError, RecordError, StateError, TidalError
+from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
 from tidal.order import EpochOrder, Intervals, share
 from tidal.stages import Context, Locator, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
@@ -188,9 +188,9 @@ class ReadIterator(StageIterator):
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(plan.shards.paths[:3]) + (", ..." if len(plan.shards) > 3 else "")
-            raise TidalError(f"the dataset has no records, so it cannot repeat forever (its files: {files})")
+            raise SourceError(f"the dataset has no records, so it cannot repeat forever (its files: {files})")
         if plan.epochs is None and not share(total, [], world.consumers, world.consumer, drop_remainder=False):
-            raise TidalError(
+            raise ArgumentError(
                 f"{total} records cannot feed {world.consumers} readers ({world.world_size} ranks x "
                 f"{world.num_workers} workers) forever: each needs at least one record per epoch"
             )
@@ -313,7 +313,7 @@ class ReadIterator(StageIterator):
             f". The first: {why}. Check format= and columns=, and the files"
         )
         if self._plan.epochs is None:
-            raise TidalError(message)
+            raise FormatError(message)
         log.warning("%s", message)
 
     def _epoch_order(self) -> EpochOrder:

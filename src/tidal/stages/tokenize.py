@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tidal import env
-from tidal.errors import ArgumentError, ConfigError, FormatError, TidalError, needs
+from tidal.errors import ArgumentError, ConfigError, FormatError, SourceError, needs
 from tidal.stages import Context, Kept, Locator, Needed, OneToOne, StageIterator, Stateless, add_stats
 from tidal.state.view import View
 from tidal.tables import Table, records
@@ -63,7 +63,7 @@ def load(tokenizer: Any, eos: bool | int | str = True) -> Tokenizer:
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(path):
-            raise TidalError(f"{tokenizer}: no tokenizer.json there")
+            raise SourceError(f"{tokenizer}: no tokenizer.json there")
         try:
             backend = rust.from_file(path)
         except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
@@ -92,7 +92,7 @@ def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | No
     if isinstance(eos, str):
         token = backend.token_to_id(eos) if hasattr(backend, "token_to_id") else backend.convert_tokens_to_ids(eos)
         if token is None:
-            raise TidalError(f"the tokenizer has no token {eos!r} to use as EOS")
+            raise ArgumentError(f"the tokenizer has no token {eos!r} to use as EOS")
         return int(token)
     if hf_eos is not None:
         return int(hf_eos)
@@ -100,7 +100,7 @@ def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | No
         token = backend.token_to_id(candidate) if hasattr(backend, "token_to_id") else None
         if token is not None:
             return int(token)
-    raise TidalError(
+    raise ArgumentError(
         "cannot tell this tokenizer's end-of-document token: pass eos='<token>' or eos=<id>, or eos=False for none"
     )
 

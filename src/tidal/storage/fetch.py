@@ -18,7 +18,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tidal.errors import StorageError
+from tidal.errors import ArgumentError, StorageError
 from tidal.storage.cache import Cache, Entry, Handle, hasher
 from tidal.storage.config import Storage
 from tidal.storage.fs import Remote
@@ -47,7 +47,7 @@ class Fetcher:
     def remote(self, url: str) -> Remote:
         proto = protocol(url)
         if proto is None:
-            raise ValueError(f"{redact(url)} is not a remote URL")
+            raise ArgumentError(f"{redact(url)} is not a remote URL")
         if proto not in self._remotes:
             self._remotes[proto] = Remote(proto, self.storage, self.stats, data=self.data)
         return self._remotes[proto]

@@ -529,12 +529,3 @@ def _obstore(options: dict, storage: Storage) -> Any:
     config, client = _obstore_config(options, storage)
     store: Any = FsspecStore
     return store("s3", client_options=client, retry_config={"max_retries": 0}, **config)
-
-
-def _obstore_store(bucket: str, options: dict, storage: Storage) -> Any:
-    """obstore's own store of one bucket: what tidal reads shard data with."""
-    from obstore.store import S3Store
-
-    config, client = _obstore_config(options, storage)
-    store: Any = S3Store
-    return store(bucket, client_options=client, retry_config={"max_retries": 0}, **config)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tidal.errors import SchemaError
 from tidal.formats.tokens import INDEX, TokenWriter
 from tidal.tables import Table
 
@@ -62,7 +63,7 @@ def documents(table: Table, column: str) -> list[Any]:
     """The token ids of each record of ``table``: numpy arrays where the column is Arrow, else as stored."""
     if isinstance(table, pa.Table):
         if column not in table.column_names:
-            raise ValueError(_missing(column, table.column_names))
+            raise SchemaError(_missing(column, table.column_names))
         arr = table.column(column).combine_chunks()
         if (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) and arr.null_count == 0:
             offsets = arr.offsets.to_numpy()
@@ -74,7 +75,7 @@ def documents(table: Table, column: str) -> list[Any]:
         try:
             out.append(rec[column])
         except (KeyError, TypeError):
-            raise ValueError(_missing(column, sorted(rec) if isinstance(rec, dict) else [])) from None
+            raise SchemaError(_missing(column, sorted(rec) if isinstance(rec, dict) else [])) from None
     return out
 
 

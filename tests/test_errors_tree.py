@@ -50,15 +50,15 @@ BASE: dict[Site, tuple[int, str]] = {
         "rank 0's error was not a tidal error (its class is known by name only): it is re-raised on the other "
         "ranks with that name in its message; a leaf would claim a cause nobody knows",
     ),
-    ("pool.py", "_Failure.__init__", "TidalError"): (
+    ("transport/pool.py", "_Failure.__init__", "TidalError"): (
         1,
         "a reader process's error that does not pickle crosses as its class name and traceback: as above",
     ),
-    ("shm.py", "take", "TidalError"): (
+    ("transport/rings.py", "take", "TidalError"): (
         1,
         "a bundle that arrives after its loader released the ring: tidal's own invariant, nothing a user passed",
     ),
-    ("shm.py", "_reused", "TidalError"): (1, "a slot reused before it was read: 'a bug in tidal: please report it'"),
+    ("transport/rings.py", "_reused", "TidalError"): (1, "a slot reused before it was read: 'a bug in tidal: please report it'"),
 }
 
 # Sites in files being changed on other branches: they may go, and none may be added.
@@ -121,7 +121,7 @@ def test_the_scan_sees_the_sites() -> None:
     """The scan finds what it looks for (a scan that found nothing would pass the test above)."""
     found = _sites()
     assert found[("formats/_json.py", "loads_stdlib", "ValueError")] == 3
-    assert found[("shm.py", "_reused", "TidalError")] == 1
+    assert found[("transport/rings.py", "_reused", "TidalError")] == 1
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Bundles through shared memory (tidal.shm): the same batches as through a pipe, nothing left behind."""
+"""Bundles through shared memory (tidal.transport.rings): the same batches as through a pipe, nothing left behind."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 from conftest import make_shards
 
 import tidal
-from tidal import shm
-from tidal.bundle import Strings
 from tidal.testing import same
+from tidal.transport import rings as shm
+from tidal.transport.bundles import Strings
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@
 - ``LOCAL_WORLD_SIZE`` (torchrun) and ``RAYON_NUM_THREADS``: how many threads each tokenizer
   may use, so that ranks x DataLoader workers x tokenizer threads do not exceed the cores.
 - ``TIDAL_SHARED_MEMORY=0``: DataLoader workers send batches through a pipe, not through
-  shared memory (:mod:`tidal.shm`).
+  shared memory (:mod:`tidal.transport.rings`).
 """
 
 from __future__ import annotations

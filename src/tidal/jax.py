@@ -9,9 +9,9 @@ with ``.batch(n)`` and P processes, every numeric column is a global array of ``
 each process's rows on its own devices. No record is in two processes' slices.
 
 Loading happens in the background, in threads (default) or in processes started with
-``spawn`` (:class:`tidal.pool.Pool`): each worker reads its own share of the process's
+``spawn`` (:class:`tidal.transport.pool.Pool`): each worker reads its own share of the process's
 share and sends batches with its reader state after each; batches are taken round-robin over
-the workers, as ``tidal.DataLoader`` does (:mod:`tidal.bundle`). A thread puts the next
+the workers, as ``tidal.DataLoader`` does (:mod:`tidal.transport.bundles`). A thread puts the next
 ``prefetch`` batches on the devices ahead of the training step. Neither counts as consumed:
 ``state_dict()`` is exactly what the training loop received.
 
@@ -39,13 +39,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from tidal.bundle import int32_ids, numeric, round_robin, side_by_side, steps
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, TidalError
-from tidal.pool import Ahead, Pool, WorkerType
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
 from tidal.state.ledger import Ledger
+from tidal.transport.bundles import numeric, round_robin, side_by_side, steps
+from tidal.transport.jax import int32_ids
+from tidal.transport.pool import Ahead, Pool, WorkerType
 from tidal.world import World
 
 __all__ = ["Loader", "data_sharding"]

@@ -2,7 +2,7 @@
 
 Workers do not send batches one by one but *bundles* of consecutive batches, each column
 stacked into one numpy array and each text column packed into one UTF-8 buffer
-(:mod:`tidal.bundle`, shared with :mod:`tidal.jax`). The buffers are pickled inline rather
+(:mod:`tidal.transport.bundles`, shared with :mod:`tidal.jax`). The buffers are pickled inline rather
 than put in torch shared memory: creating a shared-memory segment costs milliseconds per
 tensor, more than copying megabytes through the pipe.
 
@@ -30,130 +30,25 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
 import torch.utils.data
 
-from tidal import env, shm
-from tidal.bundle import Bundle, bundles, check_pickles, prepare, round_robin, side_by_side
+from tidal import env
 from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
 from tidal.errors import ArgumentError, TidalError
-from tidal.pool import Ahead
 from tidal.stages import add_stats
 from tidal.stages.continuous import shared_rows
 from tidal.state import schema
 from tidal.state.ledger import Ledger
 from tidal.state.schema import RankState
+from tidal.transport import rings
+from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
+from tidal.transport.pool import Ahead
+from tidal.transport.torch import TorchBundle, as_tensors, widen
 from tidal.world import World
 
 _log = logging.getLogger("tidal")
-
-
-def _widen(value: np.ndarray) -> np.ndarray:
-    """Token ids as int64, which torch wants for indexing; done in the worker, not the loop."""
-    if value.dtype in (np.uint16, np.uint32):
-        return value.astype(np.int64)
-    return np.ascontiguousarray(value)
-
-
-def _tensor(value: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(_widen(value))
-
-
-def _numeric(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
-
-
-def _to_torch(value: Any) -> Any:
-    if _numeric(value):
-        return torch.from_numpy(value)
-    if isinstance(value, dict):
-        return {k: _to_torch(v) for k, v in value.items()}
-    return value
-
-
-def _narrow(value: np.ndarray) -> tuple[np.ndarray, bool]:
-    """An integer column as it crosses from a worker: as few bytes as its values need, and
-    whether the main process must widen it back to int64 (token ids stay uint16/uint32;
-    int64 labels and positions travel as int32). Pipes, not the work, bound packed batches."""
-    if value.dtype in (np.uint16, np.uint32):
-        return value, True
-    if value.dtype == np.int64 and value.size:
-        lo, hi = value.min(), value.max()
-        if lo >= -(1 << 31) and hi < (1 << 31):
-            return value.astype(np.int32), True
-    return value, False
-
-
-def _keep(value: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(value)
-
-
-class _Bundle(Bundle):
-    """A bundle whose items are tensors (views of the bundle's arrays), pinnable by torch.
-
-    Packed for another process (``pack``), its integer columns travel narrow (:func:`_narrow`)
-    and are widened to int64 as each batch is taken out in the main process. Made in the
-    training process, its items hold tensors from the start."""
-
-    def __init__(
-        self,
-        worker: int,
-        items: list[Any],
-        states: list[dict],
-        end: bool,
-        pack: bool,
-        widen: Any,
-        ring: tuple[str, int] | None = None,
-    ):
-        super().__init__(worker, items, states, end, pack, _keep if pack else _tensor)
-        self.pack = pack
-        self.ring = ring  # (segment, slots) of the shared memory its worker sends through (tidal.shm); None: the pipe
-        self.wide: set[str] = set()
-        if self.columns is not None:
-            for name, col in self.columns.items():
-                if _numeric(col):
-                    self.columns[name], wide = _narrow(col)
-                    if wide:
-                        self.wide.add(name)
-        elif pack and self.items is not None:
-            self.items = [prepare(i, widen) for i in self.items]
-
-    def item(self, j: int) -> Any:
-        if self.columns is not None:
-            wide = self.wide
-            return {
-                k: (torch.from_numpy(col[j]).long() if k in wide else torch.from_numpy(col[j]))
-                if _numeric(col)
-                else _to_torch(col[j])
-                for k, col in self.columns.items()
-            }
-        assert self.items is not None
-        return _to_torch(self.items[j]) if self.pack else self.items[j]
-
-    def __getstate__(self) -> dict:  # pickled in a worker: the arrays through shared memory where it can
-        state = dict(self.__dict__)
-        if self.columns is not None and self.ring is not None:
-            moved = shm.pack_columns(self.columns, *self.ring)
-            if moved is not None:
-                state["columns"], state["shm"] = moved
-        return state
-
-    def __setstate__(self, state: dict) -> None:  # in the training process, as the message arrives
-        packed = state.pop("shm", None)
-        if packed is not None:
-            state["columns"] = shm.unpack_columns(state["columns"], packed)
-        self.__dict__.update(state)
-
-    def pin_memory(self) -> _Bundle:  # called by torch when pin_memory=True
-        new = object.__new__(_Bundle)
-        new.__dict__.update(self.__dict__)
-        if self.columns is not None:
-            new.columns = {
-                k: torch.from_numpy(v).pin_memory().numpy() if _numeric(v) else v for k, v in self.columns.items()
-            }
-        return new
 
 
 class _WorkerStream(torch.utils.data.IterableDataset):
@@ -171,7 +66,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.first_epoch = 0
         self.origin: dict | None = None
         self.bundled = False
-        self.rings: list[str] = []  # each worker's segment of shared memory (tidal.shm); none: the pipe
+        self.rings: list[str] = []  # each worker's segment of shared memory (tidal.transport.rings); none: the pipe
         self.slots = 0  # slots in each
 
     def __iter__(self) -> Iterator[Any]:
@@ -183,14 +78,14 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         it = self.dataset.iterator(world, state, self.first_epoch, self.origin if self.bundled else None, where)
         if self.bundled:
             return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
-        return (_to_torch(prepare(item, _widen)) for item in it)
+        return (as_tensors(item) for item in it)
 
     def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle | _WorkerError]:
         if pack and worker < len(self.rings):
-            shm.ring(self.rings[worker], self.slots)  # mapped now, and its name unlinked (see tidal.shm)
-            kind = functools.partial(_Bundle, ring=(self.rings[worker], self.slots))
-            return _carried(bundles(it, worker, pack, _widen, kind=kind, max_bytes=shm.SLOT_BYTES * 3 // 4), worker)
-        made = bundles(it, worker, pack, _widen, kind=_Bundle)
+            rings.ring(self.rings[worker], self.slots)  # mapped now, and its name unlinked (see tidal.transport.rings)
+            kind = functools.partial(TorchBundle, ring=(self.rings[worker], self.slots))
+            return _carried(bundles(it, worker, pack, widen, kind=kind, max_bytes=rings.SLOT_BYTES * 3 // 4), worker)
+        made = bundles(it, worker, pack, widen, kind=TorchBundle)
         return _carried(made, worker) if pack else made
 
 
@@ -433,20 +328,20 @@ class DataLoader(torch.utils.data.DataLoader):
         self._stream.bundled = True  # for the workers (or the main-process reader) started now
         # torch asks a worker for about prefetch_factor results ahead: a ring holds those and one more
         self._stream.slots = (self.prefetch_factor or 2) + 1
-        rings = (
-            shm.make_rings(self.num_workers, self._stream.slots) if self.num_workers and env.shared_memory() else None
+        made = (
+            rings.make_rings(self.num_workers, self._stream.slots) if self.num_workers and env.shared_memory() else None
         )
-        self._stream.rings = rings or []
+        self._stream.rings = made or []
         try:
             bundles = super().__iter__()
         except BaseException:
-            shm.release(rings or [])
+            rings.release(made or [])
             raise
         finally:
             self._stream.bundled = False
             self._stream.rings = []
-        if rings:  # the workers' rings live as long as the workers: until torch's iterator goes
-            weakref.finalize(bundles, shm.release, rings)
+        if made:  # the workers' rings live as long as the workers: until torch's iterator goes
+            weakref.finalize(bundles, rings.release, made)
         device = self._device or accelerate_device()
         together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
         return self._round_robin(bundles, device, together)
@@ -484,7 +379,7 @@ class DataLoader(torch.utils.data.DataLoader):
         try:
             for w, reader, tokens, item, copied in source:
                 if self._split and w != len(parts):
-                    break  # a worker ended: no whole step is left (see tidal.bundle.steps)
+                    break  # a worker ended: no whole step is left (see tidal.transport.bundles.steps)
                 batches = int(not self._split or w == n - 1)
                 ledger.consume(w, reader, tokens, batches)
                 if ahead:

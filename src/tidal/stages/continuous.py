@@ -53,7 +53,7 @@ def rows_per_reader(size: int, workers: int) -> int:
 
 def shared_rows(stage: Stage, workers: int) -> bool:
     """Whether a loader of ``workers`` readers per rank makes each batch of ``stage`` from one
-    batch of every reader, side by side (:func:`tidal.bundle.steps`): continuous rows shared by
+    batch of every reader, side by side (:func:`tidal.transport.bundles.steps`): continuous rows shared by
     several workers. Raises when the rows cannot be shared evenly."""
     if not isinstance(stage, ContinuousBatch) or workers == 1:
         return False

@@ -46,15 +46,6 @@ def numeric(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
 
 
-def int32_ids(value: np.ndarray) -> np.ndarray:
-    """Token ids (``uint16``/``uint32``) as ``int32``, JAX's index type; other arrays as they are.
-    Done in the reader, not the training loop (and here, not in :mod:`tidal.jax`, so that reader
-    processes never import JAX)."""
-    if value.dtype in (np.uint16, np.uint32):
-        return value.astype(np.int32)
-    return np.ascontiguousarray(value)
-
-
 def prepare(value: Any, widen: Widen) -> Any:
     """``widen`` applied to every numeric array of an item (nested dicts included)."""
     if numeric(value):

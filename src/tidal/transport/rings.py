@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from tidal.bundle import Strings, numeric
 from tidal.errors import TidalError
+from tidal.transport.bundles import Strings, numeric
 
 SLOT_BYTES = 16 << 20  # a bundle larger than this goes through the pipe
 _HEADER = 64  # the slot's bundle number and whether it was read, then the arrays, each at a multiple of 64 bytes

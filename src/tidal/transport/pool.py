@@ -4,7 +4,7 @@ that runs any iterator ahead.
 :class:`Pool` runs one rank's readers (workers), each a
 :class:`~tidal.iterator.DatasetIterator` over its share, in background threads or in
 processes started with ``spawn``. Each worker sends bundles of batches with its reader state
-after each batch (:mod:`tidal.bundle`) through a bounded queue of its own, so a worker reads
+after each batch (:mod:`tidal.transport.bundles`) through a bounded queue of its own, so a worker reads
 at most ``depth`` bundles ahead and ``fetch(w)`` always returns worker ``w``'s next bundle:
 the round robin never holds more than one bundle per worker. An error in a worker is sent
 down its queue and raised where the loop fetches from it; a worker process that dies is
@@ -29,9 +29,9 @@ import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from tidal.bundle import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
 from tidal.errors import ArgumentError, StorageError, TidalError
 from tidal.state import keys as k
+from tidal.transport.bundles import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
 from tidal.world import World
 
 if TYPE_CHECKING:

@@ -58,7 +58,10 @@ BASE: dict[Site, tuple[int, str]] = {
         1,
         "a bundle that arrives after its loader released the ring: tidal's own invariant, nothing a user passed",
     ),
-    ("transport/rings.py", "_reused", "TidalError"): (1, "a slot reused before it was read: 'a bug in tidal: please report it'"),
+    ("transport/rings.py", "_reused", "TidalError"): (
+        1,
+        "a slot reused before it was read: 'a bug in tidal: please report it'",
+    ),
 }
 
 # Sites in files being changed on other branches: they may go, and none may be added.

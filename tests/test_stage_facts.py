@@ -18,6 +18,10 @@ def keep(rec: dict) -> bool:
     return rec["id"] % 2 == 0
 
 
+def report(error: Exception) -> None:
+    """An errors= function: returning skips the record."""
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_shards(tmp_path_factory.mktemp("facts") / "data", [10, 20])
@@ -44,11 +48,11 @@ def test_records_per_batch_and_uneven_ends_per_chain(data: Path) -> None:
 
 
 def test_functions_tokenizers_and_batches_are_the_stages_to_say(data: Path) -> None:
-    ds = tidal.Dataset(data, errors=print).map(ident).filter(keep)
+    ds = tidal.Dataset(data, errors=report).map(ident).filter(keep)
     assert [what for s in tidal.stages.walk(ds.stage) for what, _ in s.functions()] == [
         "filter(keep)",
         "map(ident)",
-        "errors='print'",
+        "errors='report'",
     ]
     assert ds.batched is False and ds.batch(3).batched is True
     assert all(s.tokenizer_used() is None for s in tidal.stages.walk(ds.stage))

@@ -16,18 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models, pre_tokenizers
+from test_pack import EOS, word_tokenizer  # token k is the word "k"
 
 import tidal
-
-EOS = 1000
-
-
-def word_tokenizer() -> Tokenizer:
-    vocab = {str(i): i for i in range(EOS)} | {"<eos>": EOS}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return tok
 
 
 def corpus(root: Path, bad: dict[tuple[int, int], dict], files: int = 3, rows: int = 20) -> Path:

@@ -352,7 +352,51 @@ def test_the_schema_names_every_argument_of_the_chain() -> None:
 
     for name, (required, optional) in config.STEPS.items():
         assert set(required + optional) == arguments(getattr(tidal.Dataset, name)), name
-    assert set(config.SOURCE) - {"storage_options_removed"} == arguments(tidal.Dataset.__init__)
+    assert set(config.source_keys(tidal.Dataset)) - {"storage_options_removed"} == arguments(tidal.Dataset.__init__)
     assert set(config.MIX) - {"streams"} == arguments(tidal.mix) - {"datasets"}
     loader = arguments(tidal.DataLoader.__init__) | arguments(__import__("torch").utils.data.DataLoader.__init__)
     assert set(config.LOADER) <= loader
+
+
+def test_the_schema_lists_every_field_of_every_step() -> None:
+    """The steps' keys are read from the stages' own fields: each field of each kind of step (but
+    its upstream and what is marked internal) is a key of its method, and nothing else is."""
+    from dataclasses import fields
+
+    from tidal import config
+    from tidal.stages import INTERNAL
+
+    for kind in config.KINDS:
+        declared = {f.name for f in fields(kind.fields_of()) if f.name != "upstream" and f.metadata != INTERNAL}
+        required, optional = config.STEPS[kind.METHOD]
+        assert declared | set(dict(kind.EXTRA)) <= set(required + optional), kind.__name__
+    written = {name for kind in config.KINDS for name in kind.arguments()[0] + kind.arguments()[1]}
+    assert written == {name for required, optional in config.STEPS.values() for name in required + optional}
+
+
+def test_a_field_added_to_a_stage_is_a_key_of_its_step(data: Path) -> None:
+    """A stage grows a field: its step takes and writes the key, with no line of tidal.config changed."""
+    from dataclasses import dataclass, field
+
+    from tidal import config
+    from tidal.stages import INTERNAL
+    from tidal.stages.batch import Batch
+
+    @dataclass(frozen=True, repr=False)
+    class Windowed(Batch):
+        window: int = 1
+        scratch: int = field(default=0, metadata=INTERNAL)
+
+    schema = config.steps_schema([*config.KINDS, Windowed])
+    assert schema["batch"] == (("size",), ("drop_last", "continuous", "window"))
+    assert {m: s for m, s in schema.items() if m != "batch"} == {m: s for m, s in config.STEPS.items() if m != "batch"}
+
+    @dataclass(frozen=True, repr=False)
+    class Sized(Batch):
+        METHOD = "sized"
+        limit: int = 0
+
+    assert config.steps_schema([Sized]) == {"sized": (("size",), ("drop_last", "limit"))}
+    source = tidal.Dataset(data / "web").stage
+    assert Windowed(source, 4, window=3).config_step() == {"batch": {"size": 4, "drop_last": True, "window": 3}}
+    assert Sized(source, 2, limit=5).to_config()["steps"] == [{"sized": {"size": 2, "drop_last": True, "limit": 5}}]

@@ -48,57 +48,71 @@ from __future__ import annotations
 
 import copy
 import difflib
+import inspect
 import json
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from tidal.errors import ConfigError, MissingDependency, TidalError, needs
+from tidal.stages import Declared, Stage
+from tidal.stages.batch import Batch
+from tidal.stages.continuous import ContinuousBatch
 from tidal.stages.mix import SCHEDULES
-from tidal.stages.transform import resolve
+from tidal.stages.mix import mix as mix_stage
+from tidal.stages.pack import Pack
+from tidal.stages.read import Repeat, Shuffle
+from tidal.stages.tokenize import Tokenize
+from tidal.stages.transform import Filter, Map, resolve
 from tidal.storage.config import Storage
 from tidal.storage.retry import Retry
 
-if TYPE_CHECKING:
-    from tidal.dataset import Dataset
-
 VERSION = 1
 
+D = TypeVar("D")  # what a config builds: tidal.Dataset (given to build(), never imported here)
+
 # -- the schema: every key a config may hold, per section (required keys first) --------------
+# Each section is read from where its keys are declared: the steps' dataclasses, the source's
+# and the mixture's functions, the storage settings' fields. Only the loader's keys are chosen
+# here, from the keyword arguments torch's DataLoader takes.
+
+
+def _parameters(fn: Callable, skip: tuple[str, ...] = ("self",)) -> tuple[str, ...]:
+    """The names of ``fn``'s parameters, in order, but ``skip``."""
+    return tuple(p for p in inspect.signature(fn).parameters if p not in skip)
+
+
+def steps_schema(kinds: Iterable[type[Declared]]) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """``{method: (required, optional)}`` of the steps ``kinds`` declare (see
+    :class:`tidal.stages.Declared`); kinds made by the same method (``batch`` and
+    ``batch(continuous=True)``) share its keys, those of the first kind first."""
+    schema: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for kind in kinds:
+        required, optional = kind.arguments()
+        known_required, known_optional = schema.get(kind.METHOD, ((), ()))
+        required = known_required + tuple(a for a in required if a not in known_required + known_optional)
+        optional = known_optional + tuple(a for a in optional if a not in required + known_optional)
+        schema[kind.METHOD] = (required, optional)
+    return schema
+
+
+KINDS: tuple[type[Declared], ...] = (Shuffle, Repeat, Map, Filter, Tokenize, Pack, Batch, ContinuousBatch)
+"""Every kind of step a config holds, in the order ``unknown step`` errors list them."""
+
 TOP = ("version", "source", "mix", "steps", "loader")
 PIPELINE = ("source", "mix", "steps")  # a stream of a mixture
-SOURCE = (
-    "src",
-    "columns",
-    "format",
-    "errors",
-    "format_options",
-    "follow_links",
-    "storage_options",
-    "cache_dir",
-    "cache_limit",
-    "storage",
-    "index_url",
-    "progress",
-    "storage_options_removed",  # written by to_config(), for the reader; not used
-)
-STORAGE = ("timeout", "prefetch", "part_size", "parallel", "verify", "backend", "index_url", "publish_index", "retry")
-RETRY = ("attempts", "backoff", "max_backoff", "throttled_s")
-MIX = ("streams", "weights", "seed", "stop", "choose", "repeat", "epoch_size")
-SCHEDULE = {"piecewise": (), "linear": ("start", "end", "steps"), "cosine": ("start", "end", "steps")}
-STEPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # method: (required, optional)
-    "shuffle": (("seed",), ("block_size", "shards_per_block")),
-    "repeat": ((), ("epochs",)),
-    "map": (("fn",), ()),
-    "filter": (("fn",), ()),
-    "tokenize": (("tokenizer",), ("column", "eos", "max_length")),
-    "pack": (
-        ("seq_len",),
-        ("strategy", "shift_labels", "mask_boundaries", "pad_id", "buffer_size", "column", "eos"),
-    ),
-    "batch": (("size",), ("drop_last", "continuous")),
+REMOVED = "storage_options_removed"  # written by to_config() in the source, for the reader; not used
+STEPS = steps_schema(KINDS)  # method: (required, optional)
+MIX = _parameters(mix_stage)  # streams, weights, seed, ...: tidal.mix's (its datasets are the streams)
+_GIVEN_APART = ("options", "cache_dir", "cache_limit")  # Storage fields the source takes as its own keys
+STORAGE = tuple(sorted((f.name for f in fields(Storage) if f.name not in _GIVEN_APART), key=lambda n: n == "retry"))
+RETRY = tuple(f.name for f in fields(Retry))
+SCHEDULE = {
+    name: () if name == "piecewise" else tuple(f.name for f in fields(kind))  # type: ignore[arg-type]
+    for name, kind in SCHEDULES.items()
 }
 LOADER = (
     "num_workers",
@@ -115,9 +129,16 @@ LOADER = (
 )
 
 
-def describe(dataset: Dataset) -> dict:
-    """``dataset`` as a config (see the module's docstring): plain, JSON-able data."""
-    return {"version": VERSION, **dataset.stage.to_config()}
+def source_keys(make: Callable) -> tuple[str, ...]:
+    """The keys of a ``source`` section: the arguments of ``make`` (:class:`tidal.Dataset`), and
+    what ``to_config()`` notes of credentials it left out."""
+    return (*_parameters(make), REMOVED)
+
+
+def describe(stage: Stage) -> dict:
+    """The chain down from ``stage`` (a dataset's :attr:`~tidal.Dataset.stage`) as a config (see
+    the module's docstring): plain, JSON-able data."""
+    return {"version": VERSION, **stage.to_config()}
 
 
 def load(config: Mapping | str | os.PathLike) -> dict:
@@ -147,7 +168,7 @@ def load(config: Mapping | str | os.PathLike) -> dict:
     return data
 
 
-def build(config: dict, dataset: type[Dataset], mix: Callable[..., Dataset]) -> Dataset:
+def build(config: dict, dataset: Callable[..., D], mix: Callable[..., D]) -> D:
     """The dataset a checked config describes; ``dataset`` and ``mix`` make sources and mixtures."""
     section = _Section(config, "config")
     section.keys(TOP)
@@ -200,7 +221,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _pipeline(section: _Section, dataset: type[Dataset], mix: Callable[..., Dataset]) -> Dataset:
+def _pipeline(section: _Section, dataset: Callable[..., D], mix: Callable[..., D]) -> D:
     data = section.data
     if ("source" in data) == ("mix" in data):
         raise ConfigError(f"{section.path}: give either 'source' (files) or 'mix' (a mixture), not both or neither")
@@ -245,10 +266,10 @@ def _step(step: Any, where: str) -> tuple[str, dict]:
     return name, args
 
 
-def _source(section: _Section, dataset: type[Dataset]) -> Dataset:
+def _source(section: _Section, dataset: Callable[..., D]) -> D:
     source = _Section(section.mapping("source"), section.where("source"))
-    source.keys(SOURCE, ("src",))
-    args = {k: v for k, v in source.data.items() if v is not None and k != "storage_options_removed"}
+    source.keys(source_keys(dataset), ("src",))
+    args = {k: v for k, v in source.data.items() if v is not None and k != REMOVED}
     if isinstance(args.get("errors"), str) and args["errors"] not in ("raise", "skip"):
         try:  # an errors= function, by import path as map's and filter's
             args["errors"] = resolve(args["errors"])
@@ -280,7 +301,7 @@ def _source(section: _Section, dataset: type[Dataset]) -> Dataset:
         raise
 
 
-def _mix(section: _Section, dataset: type[Dataset], mix: Callable[..., Dataset]) -> Dataset:
+def _mix(section: _Section, dataset: Callable[..., D], mix: Callable[..., D]) -> D:
     spec = _Section(section.mapping("mix"), section.where("mix"))
     spec.keys(MIX, ("streams",))
     streams = _Section(spec.mapping("streams"), spec.where("streams"))

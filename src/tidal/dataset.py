@@ -25,7 +25,8 @@ from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Schedule
 from tidal.stages.mix import mix as mix_stage
-from tidal.stages.read import Read, ReadPlan
+from tidal.stages.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK
+from tidal.stages.read import Read, ReadPlan, Repeat, Shuffle
 from tidal.stages.tokenize import Tokenize
 from tidal.stages.transform import Filter, Map
 from tidal.storage.config import Storage
@@ -33,9 +34,6 @@ from tidal.storage.urls import is_remote
 from tidal.world import World
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
-
-DEFAULT_BLOCK_SIZE = 16_384
-DEFAULT_SHARDS_PER_BLOCK = 8
 
 
 class Dataset:
@@ -213,8 +211,7 @@ class Dataset:
             raise ArgumentError(f"seed must be a non-negative int, not {seed!r}")
         if block_size < 1 or shards_per_block < 1:
             raise ArgumentError("block_size and shards_per_block must be at least 1")
-        options = {"seed": seed, "block_size": block_size, "shards_per_block": shards_per_block}
-        return self._then(self._stage.with_source(_SetPlan(options)))
+        return self._then(self._stage.with_source(Shuffle(seed, block_size, shards_per_block)))
 
     def repeat(self, epochs: int | None = None) -> Dataset:
         """Read the data ``epochs`` times (``None``: forever), reshuffled each epoch.
@@ -224,7 +221,7 @@ class Dataset:
         self._before_batch("repeat")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
             raise ArgumentError(f"epochs must be at least 1 or None, not {epochs!r}")
-        return self._then(self._stage.with_source(_SetPlan({"epochs": epochs})))
+        return self._then(self._stage.with_source(Repeat(epochs)))
 
     def map(self, fn: Callable[[Any], Any]) -> Dataset:
         """Apply ``fn`` to every record (a dict of column to value).
@@ -381,7 +378,7 @@ class Dataset:
         """
         from tidal import config
 
-        return config.describe(self)
+        return config.describe(self._stage)
 
     @classmethod
     def from_config(cls, config: Mapping | str | os.PathLike) -> Dataset:
@@ -439,16 +436,6 @@ class Dataset:
 def _given(src: Source) -> str | list[str]:
     """``src`` as the user gave it, as plain data (what ``to_config()`` writes)."""
     return os.fspath(src) if isinstance(src, (str, os.PathLike)) else [os.fspath(s) for s in src]
-
-
-class _SetPlan:
-    """A change of the source's order (``shuffle``, ``repeat``): a picklable value, not a closure."""
-
-    def __init__(self, fields: dict):
-        self.fields = fields
-
-    def __call__(self, read: Read) -> Read:
-        return Read(replace(read.plan, **self.fields))
 
 
 def _main_line(stage: Stage) -> Iterator[Stage]:

@@ -23,7 +23,10 @@ upstream returned last. The source stage names its file and row and puts it to t
 ``errors`` policy (raised, or skipped and counted); stages in between map the index to theirs.
 
 ``stage.to_config()`` writes the chain as plain data, each stage its own part
-(``config_step()``); :mod:`tidal.config` reads it back.
+(``config_step()``); :mod:`tidal.config` reads it back. A step is declared once, as a
+:class:`Declared` dataclass: the :class:`tidal.Dataset` method that makes it (``METHOD``) and
+that method's arguments, its fields. The config schema (which keys each step takes, which it
+needs) and the step a config holds are both made from those fields.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tidal.errors import ConfigError, RecordError, SchemaError
 from tidal.state.view import View
@@ -172,6 +175,59 @@ class Stateless(StageIterator):
         self._up.close()
 
 
+INTERNAL: dict[str, Any] = {"config": False}
+"""The metadata of a field that is no argument of the step's method: ``field(metadata=INTERNAL)``."""
+
+
+class Declared:
+    """A step as a config holds it, declared once: ``METHOD`` is the :class:`tidal.Dataset` method
+    that makes it, and the dataclass fields of :meth:`fields_of` (the class itself, by default)
+    are that method's arguments, in order; a field without a default is a required one.
+    ``upstream`` and fields marked :data:`INTERNAL` are none. ``EXTRA`` names the method's
+    arguments that are no field, each after a field (``(("eos", "column"),)``: ``eos``, after ``column``).
+
+    :meth:`arguments` (what :mod:`tidal.config` checks a step's keys against) and
+    :meth:`config_step` (what ``to_config()`` writes) are both made from these fields, so a
+    field added to a stage is a key of its step in the config without another line elsewhere.
+    """
+
+    METHOD: ClassVar[str] = ""
+    EXTRA: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    @classmethod
+    def fields_of(cls) -> type:
+        """The dataclass whose fields are the arguments (:class:`~tidal.stages.pack.Pack`: its config)."""
+        return cls
+
+    @classmethod
+    def arguments(cls) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The method's arguments: (required, optional), each in the order of the fields."""
+        required: list[str] = []
+        optional: list[str] = []
+        for f in fields(cls.fields_of()):
+            if f.name == "upstream" or not f.metadata.get("config", True):
+                continue
+            needed = f.default is MISSING and f.default_factory is MISSING
+            (required if needed else optional).append(f.name)
+            optional.extend(extra for extra, after in cls.EXTRA if after == f.name)
+        return tuple(required), tuple(optional)
+
+    def config_args(self) -> dict[str, Any]:
+        """The arguments that make this step again, as plain data (the fields' values by default)."""
+        required, optional = self.arguments()
+        values = self.config_values()
+        return {name: getattr(values, name) for name in required + optional if name not in dict(self.EXTRA)}
+
+    def config_values(self) -> Any:
+        """The value whose fields :meth:`fields_of` declares: this step itself, by default."""
+        return self
+
+    def config_step(self) -> dict:
+        """This step in a config: ``{"batch": {"size": 8, "drop_last": True}}``, the method of
+        :class:`tidal.Dataset` that makes it and its arguments."""
+        return {self.METHOD: self.config_args()}
+
+
 @dataclass(frozen=True, repr=False)
 class Stage(ABC):
     """A step of a pipeline: frozen, picklable, comparable."""
@@ -251,8 +307,8 @@ class Stage(ABC):
 
 
 @dataclass(frozen=True, repr=False)
-class Step(Stage):
-    """A stage with one upstream."""
+class Step(Declared, Stage):
+    """A stage with one upstream; a step of :class:`tidal.Dataset`'s chain, declared once (see :class:`Declared`)."""
 
     upstream: Stage
 
@@ -284,9 +340,9 @@ class Step(Stage):
         return config
 
     def config_step(self) -> dict:
-        """This step in a config: ``{"batch": {"size": 8, "drop_last": True}}``, the method of
-        :class:`tidal.Dataset` that makes it and its arguments."""
-        raise ConfigError(f"{self.call()}: this stage cannot be written in a config")
+        if not self.METHOD:
+            raise ConfigError(f"{self.call()}: this stage cannot be written in a config")
+        return super().config_step()
 
     def __repr__(self) -> str:
         return f"{self.upstream!r}.{self.call()}"

@@ -11,6 +11,8 @@ from tidal.tables import Table, columns, concat, length
 
 @dataclass(frozen=True, repr=False)
 class Batch(Step):
+    METHOD = "batch"
+
     size: int
     drop_last: bool = True
 
@@ -32,9 +34,6 @@ class Batch(Step):
 
     def call(self) -> str:
         return f"batch({self.size}, drop_last={self.drop_last})"
-
-    def config_step(self) -> dict:
-        return {"batch": {"size": self.size, "drop_last": self.drop_last}}
 
 
 class BatchIterator(Stateless):

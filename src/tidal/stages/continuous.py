@@ -32,6 +32,7 @@ document began in it, or, unpacked, its next record), summed over steps and rows
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tidal.errors import ArgumentError, StateError
 from tidal.stages import Context, Stage, StageIterator, add_stats
@@ -65,6 +66,8 @@ def shared_rows(stage: Stage, workers: int) -> bool:
 class ContinuousBatch(Batch):
     """``size`` rows per batch, each a stream of its own that the next batch continues."""
 
+    EXTRA = (("continuous", "drop_last"),)  # batch(size, continuous=True)
+
     def open(self, ctx: Context, position: View | None) -> StageIterator:
         return ContinuousBatchIterator(self, ctx, position)
 
@@ -74,8 +77,8 @@ class ContinuousBatch(Batch):
     def call(self) -> str:
         return f"batch({self.size}, continuous=True)"
 
-    def config_step(self) -> dict:
-        return {"batch": {"size": self.size, "continuous": True}}
+    def config_args(self) -> dict[str, Any]:
+        return {"size": self.size, "continuous": True}  # drop_last: always
 
 
 class ContinuousBatchIterator(StageIterator):

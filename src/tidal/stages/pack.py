@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tidal.errors import StateError
-from tidal.stages import Context, Needed, StageIterator, Step, add_stats
+from tidal.stages import INTERNAL, Context, Needed, StageIterator, Step, add_stats
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.tables import Columns, Table, records
@@ -50,13 +50,17 @@ class PackConfig:
     mask_boundaries: bool = False
     pad_id: int = 0
     buffer_size: int = 256
-    chunk_docs: int = 256
+    chunk_docs: int = field(default=256, metadata=INTERNAL)  # documents read at a time: no argument of pack()
     column: str = "input_ids"  # the token ids of each document
     eos: int | None = None  # appended to each document (pre-tokenized data without one)
 
 
 @dataclass(frozen=True, repr=False)
 class Pack(Step):
+    """Packs the documents of its upstream; the arguments of ``pack()`` are the fields of its :class:`PackConfig`."""
+
+    METHOD = "pack"
+
     config: PackConfig
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
@@ -78,19 +82,15 @@ class Pack(Step):
             f"column={c.column!r}, eos={c.eos})"
         )
 
-    def config_step(self) -> dict:
-        c = self.config
-        args = {
-            "seq_len": c.seq_len,
-            "strategy": c.strategy,
-            "shift_labels": c.shift_labels,
-            "mask_boundaries": c.mask_boundaries,
-            "pad_id": c.pad_id,
-            "buffer_size": c.buffer_size,
-            "column": c.column,
-            "eos": c.eos,
-        }
-        return {"pack": {k: v for k, v in args.items() if v is not None}}
+    @classmethod
+    def fields_of(cls) -> type:
+        return PackConfig
+
+    def config_values(self) -> PackConfig:
+        return self.config
+
+    def config_args(self) -> dict[str, Any]:
+        return {k: v for k, v in super().config_args().items() if v is not None}
 
 
 def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, needed: Needed) -> list[np.ndarray]:

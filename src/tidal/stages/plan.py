@@ -8,6 +8,9 @@ from tidal.formats import Errors
 from tidal.shards import Shards
 from tidal.storage.config import Storage
 
+DEFAULT_BLOCK_SIZE = 16_384  # records a shuffle block holds
+DEFAULT_SHARDS_PER_BLOCK = 8  # files a shuffle block mixes, at least
+
 
 @dataclass(frozen=True)
 class ReadPlan:

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
 from tidal.order import EpochOrder, Intervals, share
-from tidal.stages import Context, Locator, Stage, StageIterator, Unlocated
+from tidal.stages import Context, Declared, Locator, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
-from tidal.stages.plan import ReadPlan
+from tidal.stages.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, ReadPlan
 from tidal.stages.policy import Policy
 from tidal.stages.transform import reference
 from tidal.state import keys as k
@@ -115,12 +115,36 @@ class Read(Stage):
             source["storage_options_removed"] = ["src", *source.get("storage_options_removed", [])]
         steps: list[dict] = []
         if p.seed is not None:
-            steps.append(
-                {"shuffle": {"seed": p.seed, "block_size": p.block_size, "shards_per_block": p.shards_per_block}}
-            )
+            steps.append(Shuffle(p.seed, p.block_size, p.shards_per_block).config_step())
         if p.epochs != 1:
-            steps.append({"repeat": {"epochs": p.epochs}})
+            steps.append(Repeat(p.epochs).config_step())
         return {"source": {k: v for k, v in source.items() if v is not None and v != {}}, "steps": steps}
+
+
+@dataclass(frozen=True)
+class Shuffle(Declared):
+    """``shuffle()``: the source's order changed to a shuffle of ``seed`` (see :meth:`tidal.Dataset.shuffle`)."""
+
+    METHOD = "shuffle"
+
+    seed: int
+    block_size: int = DEFAULT_BLOCK_SIZE
+    shards_per_block: int = DEFAULT_SHARDS_PER_BLOCK
+
+    def __call__(self, read: Read) -> Read:
+        return Read(replace(read.plan, **asdict(self)))
+
+
+@dataclass(frozen=True)
+class Repeat(Declared):
+    """``repeat()``: the source read ``epochs`` times (None: forever; see :meth:`tidal.Dataset.repeat`)."""
+
+    METHOD = "repeat"
+
+    epochs: int | None = None
+
+    def __call__(self, read: Read) -> Read:
+        return Read(replace(read.plan, epochs=self.epochs))
 
 
 class _Run(NamedTuple):

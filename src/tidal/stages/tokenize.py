@@ -107,6 +107,9 @@ def _eos_id(backend: Any, eos: bool | int | str, hf_eos: int | None) -> int | No
 
 @dataclass(frozen=True, repr=False)
 class Tokenize(OneToOne):
+    METHOD = "tokenize"
+    EXTRA = (("eos", "column"),)  # tokenize(..., eos=): the tokenizer's EOS id, after column
+
     tokenizer: Tokenizer
     column: str = "text"
     max_length: int | None = None
@@ -121,12 +124,12 @@ class Tokenize(OneToOne):
     def facts(self) -> list:
         return [self.column, self.tokenizer.eos_id, str(self.tokenizer.dtype), self.max_length]
 
-    def config_step(self) -> dict:
+    def config_args(self) -> dict[str, Any]:
         t = self.tokenizer
         args = {"tokenizer": t.to_config(), "column": self.column, "eos": t.eos_id if t.eos_id is not None else False}
         if self.max_length is not None:
             args["max_length"] = self.max_length
-        return {"tokenize": args}
+        return args
 
     def call(self) -> str:
         backend = type(self.tokenizer.backend).__name__

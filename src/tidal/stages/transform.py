@@ -65,6 +65,8 @@ def resolve(ref: Any) -> Callable:
 
 @dataclass(frozen=True, repr=False)
 class Map(OneToOne):
+    METHOD = "map"
+
     fn: Callable[[Any], Any]
 
     def functions(self) -> list[tuple[str, Callable]]:
@@ -76,12 +78,14 @@ class Map(OneToOne):
     def call(self) -> str:
         return f"map({name_of(self.fn)})"
 
-    def config_step(self) -> dict:
-        return {"map": {"fn": reference(self.fn, self.call())}}
+    def config_args(self) -> dict[str, Any]:
+        return {"fn": reference(self.fn, self.call())}
 
 
 @dataclass(frozen=True, repr=False)
 class Filter(Step):
+    METHOD = "filter"
+
     fn: Callable[[Any], bool]
 
     def functions(self) -> list[tuple[str, Callable]]:
@@ -96,8 +100,8 @@ class Filter(Step):
     def call(self) -> str:
         return f"filter({name_of(self.fn)})"
 
-    def config_step(self) -> dict:
-        return {"filter": {"fn": reference(self.fn, self.call())}}
+    def config_args(self) -> dict[str, Any]:
+        return {"fn": reference(self.fn, self.call())}
 
 
 class MapIterator(Stateless):

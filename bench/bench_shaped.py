@@ -99,7 +99,7 @@ def publish_indexes(server: dict[str, Any], root: Path, formats: list[str]) -> d
     ``.tidal-index.json``: what publishing an index of remote data leaves there. Entries by format."""
     import boto3
 
-    from tidal.index_file import INDEX_NAME, index_json, read_index
+    from tidal.sources.index_file import INDEX_NAME, index_json, read_index
 
     client = boto3.client(
         "s3",

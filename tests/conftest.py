@@ -46,7 +46,7 @@ def make_shards(root: Path, sizes: list[int], kinds: tuple[str, ...] = ("jsonl",
 
 def read_index(data: bytes) -> dict[str, dict]:
     """The entries of an index file (any version tidal reads), by file key."""
-    from tidal.index_file import Entries
+    from tidal.sources.index_file import Entries
 
     table = Entries.parse(json.loads(data))
     return {key: entry for key in table.keys if (entry := table.get(key)) is not None}

@@ -56,7 +56,7 @@ SUBMODULES = {
 }
 
 # Single names the docs point at inside other modules.
-DOCUMENTED = ["tidal.formats.tokens.TokenWriter", "tidal.index_file.index_json"]
+DOCUMENTED = ["tidal.formats.tokens.TokenWriter", "tidal.sources.index_file.index_json"]
 
 # What ``import tidal`` must not import: the optional extras and what a plain read never needs
 # (torch is imported by tidal.DataLoader, JAX by tidal.jax, the rest by the features that use them).

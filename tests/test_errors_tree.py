@@ -45,7 +45,7 @@ INTERNAL: dict[Site, tuple[int, str]] = {
 
 # The base, where no leaf can say what went wrong.
 BASE: dict[Site, tuple[int, str]] = {
-    ("discover.py", "_from_rank_0", "TidalError"): (
+    ("sources/discover.py", "_from_rank_0", "TidalError"): (
         1,
         "rank 0's error was not a tidal error (its class is known by name only): it is re-raised on the other "
         "ranks with that name in its message; a leaf would claim a cause nobody knows",

@@ -128,7 +128,7 @@ def test_an_index_with_keys_outside_the_root_is_not_used(s3: Any, bucket: str, t
     tidal.index(url, storage_options=s3.options(), cache_dir=tmp_path / "indexer")
     index = read_index(s3.client.get_object(Bucket=bucket, Key="web/.tidal-index.json")["Body"].read())
     index["../secret/x.jsonl"] = {**index.pop("part-0000.jsonl.zst"), "format": "jsonl", "compression": None}
-    from tidal.index_file import Entries
+    from tidal.sources.index_file import Entries
 
     entries = Entries()
     for key, entry in index.items():

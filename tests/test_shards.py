@@ -14,7 +14,7 @@ import pytest
 from conftest import make_shards, read_index, write_jsonl
 
 import tidal
-from tidal.index_file import INDEX_NAME
+from tidal.sources.index_file import INDEX_NAME
 
 
 def test_the_index_is_cached_beside_the_data_and_reused(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_a_damaged_or_hostile_index_is_rebuilt_never_trusted(tmp_path: Path, dam
 
 
 def test_entries_put_many_is_put_of_each(tmp_path: Path) -> None:
-    from tidal.index_file import Entries
+    from tidal.sources.index_file import Entries
 
     first = {"a": {"bytes": 1, "rows": 2, "format": "jsonl"}, "b": {"bytes": 3, "rows": 4, "format": "text"}}
     later = {"c": {"bytes": 5, "rows": 6, "format": "jsonl"}, "a": {"bytes": 7, "error": "x: bad", "format": "jsonl"}}

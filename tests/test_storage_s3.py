@@ -14,7 +14,7 @@ from fault_proxy import FaultProxy
 from s3_server import S3Server
 
 import tidal
-from tidal.index_file import index_json
+from tidal.sources.index_file import index_json
 from tidal.storage import Retry, Storage
 from tidal.storage import prefetch as prefetch_module
 from tidal.storage.prefetch import entry

@@ -23,8 +23,8 @@ from tidal.errors import (
     StorageError,
     TidalError,
 )
-from tidal.indexing import index
-from tidal.shards import Shard, Shards
+from tidal.sources.indexing import index
+from tidal.sources.shards import Shard, Shards
 from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
 

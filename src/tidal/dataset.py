@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from tidal.discover import open_shards
 from tidal.errors import ArgumentError
 from tidal.formats import Errors, check_columns, check_errors, check_options
-from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
-from tidal.shards import Shard, Shards
+from tidal.sources.discover import open_shards
+from tidal.sources.hf_datasets import resolve as resolve_hf
+from tidal.sources.shards import Shard, Shards
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Schedule
@@ -45,7 +45,7 @@ class Dataset:
 
     ``src`` is a file, a directory (searched recursively for known file endings), a glob
     (``**`` included) or a list of them, or a Hugging Face ``datasets.Dataset`` or
-    ``IterableDataset`` (see :mod:`tidal.hf_datasets`). The format of each file is detected from its ending
+    ``IterableDataset`` (see :mod:`tidal.sources.hf_datasets`). The format of each file is detected from its ending
     and its siblings; ``format`` forces one (see :func:`tidal.formats.formats`).
     ``format_options`` go to the readers: ``allow_pickle`` (MDS and LitData ``pkl`` columns,
     refused by default: unpickling runs code from the data), ``decode_images`` (MDS image
@@ -113,7 +113,7 @@ class Dataset:
         A remote directory or glob is opened from the index published beside it (``tidal
         index URL``, or ``index_url``) when there is one: one request, no listing. Where there
         is none, what this job counts is published there for the next ones, where the store
-        lets it (``Storage.publish_index``; see :mod:`tidal.published`). ``progress``: a bar on
+        lets it (``Storage.publish_index``; see :mod:`tidal.sources.published`). ``progress``: a bar on
         stderr while the files are indexed (tqdm, ``tidal[cli]``).
 
         >>> tidal.Dataset("s3://bucket/web/*.parquet", columns=["text"], cache_limit="20GB")

@@ -1,5 +1,5 @@
 """``tidal index URL``: count a remote dataset once and publish its index beside it (or ``--to``
-elsewhere), so that every job over it opens it with one request per rank (:mod:`tidal.indexing`)."""
+elsewhere), so that every job over it opens it with one request per rank (:mod:`tidal.sources.indexing`)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tidal.indexing import index
-    from tidal.listing import remote_root
-    from tidal.published import location
+    from tidal.sources.indexing import index
+    from tidal.sources.listing import remote_root
+    from tidal.sources.published import location
     from tidal.storage.config import Storage
 
     if args.workers < 0:

@@ -19,7 +19,7 @@ from tidal.errors import ArgumentError
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
-    from tidal.shards import Shards
+    from tidal.sources.shards import Shards
 
 TEXT_CHARS = 100  # characters of a string shown in a sample
 ITEMS = 8  # elements of a list or array shown in a sample

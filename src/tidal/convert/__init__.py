@@ -179,7 +179,7 @@ def _publish(job: Job, entries: list[dict]) -> None:
     """The output's index, once every shard is done: what ``tidal.Dataset(DST)`` reads."""
     kept = [e for e in entries if e.get("name")]
     if job.to == "parquet":
-        from tidal.index_file import INDEX_NAME, index_json
+        from tidal.sources.index_file import INDEX_NAME, index_json
 
         keep = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash")
         shards = {e["name"]: {key: e[key] for key in keep if key in e} for e in kept}

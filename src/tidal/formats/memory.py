@@ -5,7 +5,7 @@ Such a shard's ``info`` holds the table itself (``info["table"]``) and the row o
 shard starts (``info["start"]``); several shards share one table, and a dataset that holds
 them pickles the table once (pickle keeps one copy of an object however often it is
 referenced), so the chain crosses into spawn workers and Ray tasks with its data. There is
-nothing to scan: :mod:`tidal.hf_datasets` builds these shards directly, never through the index.
+nothing to scan: :mod:`tidal.sources.hf_datasets` builds these shards directly, never through the index.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tidal.formats import Errors
-from tidal.shards import Shards
+from tidal.sources.shards import Shards
 from tidal.storage.config import Storage
 
 DEFAULT_BLOCK_SIZE = 16_384  # records a shuffle block holds

@@ -69,7 +69,7 @@ class Storage:
       against, and a cached shard's size and modification time are checked on every open.
     - ``backend``: ``"auto"``, or force ``"s3fs"`` / ``"obstore"`` for reading ``s3://``
       shard data (see :mod:`tidal.storage.fs` for what ``"auto"`` picks and why).
-    - ``index_url``: where the dataset's index is published (:mod:`tidal.published`); by
+    - ``index_url``: where the dataset's index is published (:mod:`tidal.sources.published`); by
       default ``.tidal-index.json`` in the directory the source names. A job reads it first,
       and a complete one is its listing.
     - ``publish_index``: whether a job that had to count files publishes what it counted

@@ -1,8 +1,8 @@
 """Shards and their index: how many records each file of a dataset holds (the files come from
-:mod:`tidal.listing`).
+:mod:`tidal.sources.listing`).
 
 Counting records means reading every line of a JSON or text file, so the counts are kept in
-an index built once and reused (its file: :mod:`tidal.index_file`). An entry is reused while the file's
+an index built once and reused (its file: :mod:`tidal.sources.index_file`). An entry is reused while the file's
 size and modification time are unchanged, so adding shards re-scans only the new ones. The
 index only ever adds facts to files found by listing; it never supplies a path, so nothing
 in it can point outside the dataset.
@@ -42,9 +42,9 @@ import numpy as np
 
 from tidal.errors import ArgumentError, FormatError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
-from tidal.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
-from tidal.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
-from tidal.published import read as read_published
+from tidal.sources.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
+from tidal.sources.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
+from tidal.sources.published import read as read_published
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact, redact_urls
@@ -209,7 +209,7 @@ def index(
     said (size, version), which spares a request per file. ``progress`` is called with the
     number of files done as they are (the files the index already knows at once): for a
     progress bar. ``sources``: what the listing learned of the indexes published beside the
-    data (:mod:`tidal.published`); with it, what this job counts is published for the next.
+    data (:mod:`tidal.sources.published`); with it, what this job counts is published for the next.
     """
     done = progress or _nothing
     if "://" not in "\0".join(files):  # every file local: no URL, at C speed for a million
@@ -478,7 +478,7 @@ def _count_once(
     remote: Remote, target: tuple[str, str], counting: _Counting, todo: list[int], storage: Storage
 ) -> None:
     """Count ``todo`` once for every node: take the claim and count and publish, or wait for the
-    node that holds it to publish (see :mod:`tidal.published`)."""
+    node that holds it to publish (see :mod:`tidal.sources.published`)."""
     root, url = target
     claim = Claim(remote, url)
     urls, stats = counting.urls, counting.stats
@@ -513,7 +513,7 @@ def _count_once(
                 entry = counting.entries.get(key)
                 if entry is not None and u.startswith(root + "/"):
                     merged.put(u[len(root) + 1 :] + tag, entry)
-            # what a job counted saves the next jobs counting, never their listing (see tidal.published)
+            # what a job counted saves the next jobs counting, never their listing (see tidal.sources.published)
             why = publish(remote, url, merged, complete=existing is not None and existing.complete)
             if why is not None:
                 log.warning("could not publish the index of %s (%s): each node counts its files", redact(root), why)

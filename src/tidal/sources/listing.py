@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from tidal.errors import SourceError
 from tidal.formats import known_ending
-from tidal.published import Sources, listed, location, read
+from tidal.sources.published import Sources, listed, location, read
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.urls import local_path, protocol
@@ -34,7 +34,7 @@ def listing(
     given), with what a remote listing said of each (None when local).
 
     With ``sources``, a remote directory or glob is first looked up in the index published
-    beside it (:mod:`tidal.published`; what was found is kept in ``sources`` for the index):
+    beside it (:mod:`tidal.sources.published`; what was found is kept in ``sources`` for the index):
     where it is complete, it is the listing, and the store is asked nothing more. ``format``:
     the job's ``format=``, which the index's entries must have been counted with.
 

@@ -7,7 +7,7 @@ process group's store, so the store is listed once per job, not once per rank, a
 holds the same shard list. Rank 0 says it started; a rank that hears nothing of it for
 :data:`START_WAIT_S` (rank 0 builds another dataset, or none) lists for itself, which is only
 slower. Elsewhere, each process lists, and the processes of a machine index once, through the
-shard cache's lock (:mod:`tidal.shards`).
+shard cache's lock (:mod:`tidal.sources.shards`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 from tidal import errors as tidal_errors
 from tidal.errors import TidalError
 from tidal.formats import Errors
-from tidal.listing import listing
 from tidal.progress import Bar
-from tidal.published import Sources
-from tidal.shards import Shards, index
+from tidal.sources.listing import listing
+from tidal.sources.published import Sources
+from tidal.sources.shards import Shards, index
 from tidal.storage.config import Storage
 from tidal.storage.urls import is_remote
 

@@ -1,5 +1,5 @@
 """``tidal index``: count a remote dataset once and publish its index beside it (or elsewhere),
-so that every job after it starts from that one object (see :mod:`tidal.published`).
+so that every job after it starts from that one object (see :mod:`tidal.sources.published`).
 
 The files are listed afresh (never from an index already published), and each is counted
 once: Parquet from its footer (ranged GETs), the rest from a copy fetched into this machine's
@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tidal import shards as shard_index
 from tidal.errors import ArgumentError, SourceError, StorageError
-from tidal.index_file import Entries
-from tidal.listing import listing, remote_root
-from tidal.published import location, publish
-from tidal.shards import Shards, count_remote, record_counts, uncounted
+from tidal.sources import shards as shard_index
+from tidal.sources.index_file import Entries
+from tidal.sources.listing import listing, remote_root
+from tidal.sources.published import location, publish
+from tidal.sources.shards import Shards, count_remote, record_counts, uncounted
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact

@@ -1,0 +1,1 @@
+"""Sources: what ``tidal.Dataset(src, ...)`` reads, found once per job."""

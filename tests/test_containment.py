@@ -10,7 +10,7 @@ import pytest
 from conftest import write_jsonl, write_parquet
 
 import tidal
-from tidal.sources.shards import INDEX_NAME
+from tidal.sources.index_file import INDEX_NAME
 
 
 def ids(ds: tidal.Dataset) -> list[int]:

@@ -216,7 +216,7 @@ def check_schemas(shards: Any) -> None:
     """Shards of one format must agree on their columns, where their scans recorded them
     (``info["columns"]``: name to type or encoding): a clash named here, by file, beats a
     record that decodes differently, or a batch that cannot be stacked, an hour later.
-    ``shards``: a :class:`tidal.sources.shards.Shards`, read by its columns."""
+    ``shards``: a :class:`tidal.Shards`, read by its columns."""
     first: dict[str, tuple[str, Any]] = {}
     for path, fmt, info in zip(shards.paths, shards.formats, shards.infos, strict=True):
         columns = info.get("columns")
@@ -234,7 +234,7 @@ def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
     """Every name in ``columns`` must be a column of every shard whose scan knows its columns:
     a typo fails here, naming the file and the columns it has, not as a skipped record per row.
     Formats whose records may lack a field (``FIELDS_OPTIONAL``: WebDataset) need it in some
-    shard only: the samples without it have None. ``shards``: a :class:`tidal.sources.shards.Shards`."""
+    shard only: the samples without it have None. ``shards``: a :class:`tidal.Shards`."""
     if columns is None:
         return
     union: dict[str, tuple[str, set[str]]] = {}  # format with optional fields: a shard, the fields of all

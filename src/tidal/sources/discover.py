@@ -7,7 +7,7 @@ process group's store, so the store is listed once per job, not once per rank, a
 holds the same shard list. Rank 0 says it started; a rank that hears nothing of it for
 :data:`START_WAIT_S` (rank 0 builds another dataset, or none) lists for itself, which is only
 slower. Elsewhere, each process lists, and the processes of a machine index once, through the
-shard cache's lock (:mod:`tidal.sources.shards`).
+shard cache's lock (:mod:`tidal.sources.counting`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from tidal import errors as tidal_errors
 from tidal.errors import TidalError
 from tidal.formats import Errors
 from tidal.progress import Bar
+from tidal.sources.counting import index
 from tidal.sources.listing import listing
 from tidal.sources.published import Sources
-from tidal.sources.shards import Shards, index
+from tidal.sources.shards import Shards
 from tidal.storage.config import Storage
 from tidal.storage.urls import is_remote
 

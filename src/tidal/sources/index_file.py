@@ -5,7 +5,7 @@ the user cache dir (remote datasets: under the shard cache). Version 2, written 
 list per field in the order of ``"files"`` (paths relative to the root); version 1, one object
 per file, is still read, from old indexes and from indexes published beside remote data. An
 index is only a hint: one that does not hold together reads as empty, an entry that does not is
-scanned again, and none can name a file (:mod:`tidal.sources.shards` keeps only the files it listed).
+scanned again, and none can name a file (:mod:`tidal.sources.counting` keeps only the files it listed).
 """
 
 from __future__ import annotations

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from tidal.errors import ArgumentError, SourceError, StorageError
-from tidal.sources import shards as shard_index
+from tidal.sources import counting
+from tidal.sources.counting import count_remote, record_counts, uncounted
 from tidal.sources.index_file import Entries
 from tidal.sources.listing import listing, remote_root
 from tidal.sources.published import location, publish
-from tidal.sources.shards import Shards, count_remote, record_counts, uncounted
+from tidal.sources.shards import Shards
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact
@@ -103,7 +104,7 @@ def index(
     if workers > 0:
         _count_in_workers(urls, stats, format, settings, workers, engine, ray_address, done)
         done = lambda n: None  # noqa: E731  # every file is counted now: index() only reads them back
-    shards = shard_index.index(urls, format, "skip", settings, dict(found), progress=done)
+    shards = counting.index(urls, format, "skip", settings, dict(found), progress=done)
     entries = Entries()
     tag = f"#{format}" if format is not None else ""
     for shard in shards:

@@ -49,7 +49,7 @@ AHEAD_MAX = 32
 
 
 def entry(shard: Any, check: bool = False) -> Entry:
-    """The cache entry of a :class:`tidal.sources.shards.Shard`; ``check``: its size and version come from
+    """The cache entry of a :class:`tidal.Shard`; ``check``: its size and version come from
     a published index, not from this job's listing, so a download checks them first."""
     return Entry(shard.path, shard.bytes, shard.version, shard.hash, check=check)
 

@@ -12,15 +12,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from tidal.errors import ArgumentError
-from tidal.formats import Errors, check_columns, check_errors, check_options
+from tidal.formats import Errors, check_errors, check_options
 from tidal.iterator import DatasetIterator
-from tidal.sources.discover import open_shards
-from tidal.sources.hf_datasets import resolve as resolve_hf
-from tidal.sources.shards import Shard, Shards
+from tidal.sources import resolve_source, storage_settings
+from tidal.sources.shards import Shards
 from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Schedule
@@ -120,37 +118,25 @@ class Dataset:
         """
         options = check_options(format or "", format_options)
         errors = check_errors(errors)
-        if isinstance(columns, str):
-            columns = [columns]
-        settings = storage or Storage()
-        overrides: dict[str, Any] = {
-            "options": storage_options,
-            "cache_dir": cache_dir,
-            "cache_limit": cache_limit,
-            "index_url": index_url,
-        }
-        overrides = {k: v for k, v in overrides.items() if v is not None}
-        if overrides:
-            settings = replace(settings, **overrides)
-        src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
-        indexed = False
-        if held is not None:
-            shards = Shards.of(Shard(**fields) for fields in held)  # an in-memory table's shards
-        else:
-            settings, shards, indexed = open_shards(src, fmt, errors, settings, follow_links, progress)
-        check_columns(shards, columns)
+        settings = storage_settings(
+            storage, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, index_url=index_url
+        )
+        found = resolve_source(
+            src, format, columns, errors, storage=settings, follow_links=follow_links, progress=progress
+        )
+        shards = found.shards
         plan = ReadPlan(
             shards=shards,
-            columns=tuple(columns) if columns is not None else None,
+            columns=found.columns,
             errors=errors,
             seed=None,
             block_size=DEFAULT_BLOCK_SIZE,
             shards_per_block=DEFAULT_SHARDS_PER_BLOCK,
             epochs=1,
-            storage=settings if any(map(is_remote, shards.paths)) else None,
+            storage=found.storage if any(map(is_remote, shards.paths)) else None,
             options=dict(options),
-            given={"src": _given(src), "format": format, "follow_links": follow_links},
-            indexed=indexed,
+            given={"src": _given(found.src), "format": format, "follow_links": follow_links},
+            indexed=found.indexed,
         )
         self._init(Read(plan))
 

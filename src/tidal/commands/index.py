@@ -42,10 +42,7 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tidal.sources.indexing import index
-    from tidal.sources.listing import remote_root
-    from tidal.sources.published import location
-    from tidal.storage.config import Storage
+    from tidal.sources.indexing import index, published_at
 
     if args.workers < 0:
         raise ArgumentError("--workers cannot be negative")
@@ -64,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    root = remote_root(args.url) or args.url
-    where = args.to or location(root, Storage())
+    where = published_at(args.url, args.to)
     bad = sum(s.error is not None for s in shards)
     unreadable = f" ({bad} unreadable, counted as 0)" if bad else ""
     print(

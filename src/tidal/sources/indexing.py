@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tidal.errors import ArgumentError, SourceError, StorageError
-from tidal.sources import counting
+from tidal.sources import counting, storage_settings
 from tidal.sources.counting import count_remote, record_counts, uncounted
 from tidal.sources.index_file import Entries
 from tidal.sources.listing import listing, remote_root
@@ -91,11 +91,8 @@ def index(
         raise SourceError(f"{redact(src)}: tidal index takes a directory or a glob, not one file")
     if engine not in ("processes", "ray"):
         raise ArgumentError(f"engine must be 'processes' or 'ray', not {engine!r}")
-    settings = storage or Storage()
-    if storage_options is not None:
-        settings = replace(settings, options=storage_options)
-    if cache_dir is not None:
-        settings = replace(settings, cache_dir=os.fspath(cache_dir))
+    where_cached = os.fspath(cache_dir) if cache_dir is not None else None
+    settings = storage_settings(storage, storage_options=storage_options, cache_dir=where_cached)
     found = listing(src, settings, format=format)  # afresh: never from a published index
     urls = list(found)
     stats = {u: s for u, s in found.items() if s is not None}
@@ -109,7 +106,7 @@ def index(
     tag = f"#{format}" if format is not None else ""
     for shard in shards:
         entries.put(shard.path[len(root) + 1 :] + tag, _entry(shard))
-    where = to or location(root, settings)
+    where = published_at(src, to, settings)
     if protocol(where) is None:  # a local file: where the data's bucket is read-only to us
         Path(where).write_bytes(entries.to_json(complete=True))
         return shards
@@ -117,6 +114,16 @@ def index(
     if why is not None:
         raise StorageError(f"{redact(where)}: the index could not be published: {why}", url=redact(where))
     return shards
+
+
+def published_at(src: str, to: str | None = None, storage: Storage | None = None) -> str:
+    """Where :func:`index` publishes the index of ``src``: ``to``, else beside the data (see
+    :func:`tidal.sources.published.location`).
+
+    >>> published_at("s3://bucket/corpus/*.parquet")
+    's3://bucket/corpus/.tidal-index.json'
+    """
+    return to or location(remote_root(src) or src, storage or Storage())
 
 
 def _count_in_workers(

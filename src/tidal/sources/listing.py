@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from collections.abc import Iterator, Sequence
 
 from tidal.errors import SourceError
 from tidal.formats import known_ending
+from tidal.sources.globs import glob_pattern
 from tidal.sources.published import Sources, listed, location, read
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
@@ -214,36 +214,6 @@ def _walk_dirs(root: str, follow_links: bool) -> Iterator[tuple[str, str, list[s
             else:
                 links.append((e.path, real))
         yield d, real_d, names, links
-
-
-def glob_pattern(pattern: str, sep: str = os.sep) -> re.Pattern[str]:
-    """A glob below its root as a regex: ``**`` any directories, ``*`` and ``?`` within a name
-    (names split by ``sep``: ``"/"`` in URLs)."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**" + sep, i):
-            out.append(f"(?:[^{sep}]+{sep})*")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if c == "*":
-            out.append(f"[^{sep}]*")
-        elif c == "?":
-            out.append(f"[^{sep}]")
-        elif c == "[" and "]" in pattern[i + 1 :]:
-            j = pattern.index("]", i + 2) if pattern[i + 1 : i + 2] == "]" else pattern.index("]", i + 1)
-            body = pattern[i + 1 : j]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = j + 1
-            continue
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out))
 
 
 def _once(found: list[tuple[str, str]]) -> list[str]:

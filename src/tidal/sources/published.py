@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidal.errors import SourceError, StorageError
+from tidal.sources.globs import glob_pattern
 from tidal.sources.index_file import INDEX_NAME, Entries, loads
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
@@ -129,8 +130,6 @@ def listed(
     """The files ``entry`` (the index's root itself, or a glob under it) names, as a complete index lists
     them, with the sizes and versions it holds; None where the index cannot say (not complete,
     a key that is not safe, facts that do not hold together, no file of the entry in it)."""
-    from tidal.sources.listing import glob_pattern
-
     root = published.root
     if not published.complete or not (entry.rstrip("/") == root or entry.startswith(root + "/")):
         return None

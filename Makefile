@@ -20,7 +20,7 @@ TORCH := torch==2.13.0
 AZURITE := requirements/azurite
 AZURITE_STAMP := $(VENV)/azurite/.installed
 
-.PHONY: demo test lint wheel-check bench lock clean
+.PHONY: demo test lint docs wheel-check bench lock clean
 
 # Python writes the bytecode of what it imports, once, into .venv: where PYTHONDONTWRITEBYTECODE is
 # set (CI's machines), every process would compile torch, JAX and transformers from source again,
@@ -55,6 +55,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
+# the documentation site (mkdocs.yml): docs/ and an API reference made from the docstrings, into
+# site/; --strict: a broken link or anchor, a page out of the nav or a docstring that does not
+# parse fails it (CI runs it after `make test`)
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict -d site
+
 # the package as users get it, no tests: the sdist, the wheel built from it, installed into a clean
 # venv at the lock's versions, and the README's quick start and `tidal --version` run from outside
 # the tree (.ci/wheel-check; CI runs it after `make test`; about 2 minutes)
@@ -85,4 +91,4 @@ lock:
 	rm -rf $(LOCK_VENV)
 
 clean:
-	rm -rf $(VENV) $(LOCK_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -53,6 +53,7 @@ SUBMODULES = {
     "tidal.storage": ["Retry", "Storage", "is_remote", "parse_size"],
     "tidal.jax": ["Loader", "data_sharding"],
     "tidal.hf": ["TidalTrainer", "state_file"],
+    "tidal.sources": ["Resolved", "resolve_source", "storage_settings"],
 }
 
 # Single names the docs point at inside other modules.
@@ -112,7 +113,7 @@ def test_the_documented_submodules_public_names_are_the_written_ones(module: str
     assert _public_names(module) == SUBMODULES[module]
 
 
-@pytest.mark.parametrize("module", ["tidal.state", "tidal.testing", "tidal.convert", "tidal.storage"])
+@pytest.mark.parametrize("module", ["tidal.state", "tidal.testing", "tidal.convert", "tidal.storage", "tidal.sources"])
 def test_each_public_name_of_a_submodule_is_there(module: str) -> None:
     imported = importlib.import_module(module)
     for name in SUBMODULES[module]:

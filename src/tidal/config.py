@@ -108,7 +108,9 @@ REMOVED = "storage_options_removed"  # written by to_config() in the source, for
 STEPS = steps_schema(KINDS)  # method: (required, optional)
 MIX = _parameters(mix_stage)  # streams, weights, seed, ...: tidal.mix's (its datasets are the streams)
 _GIVEN_APART = ("options", "cache_dir", "cache_limit")  # Storage fields the source takes as its own keys
-STORAGE = tuple(sorted((f.name for f in fields(Storage) if f.name not in _GIVEN_APART), key=lambda n: n == "retry"))
+STORAGE = tuple(  # the nested retry section last
+    sorted((f.name for f in fields(Storage) if f.name not in _GIVEN_APART), key=lambda n: n == "retry")
+)
 RETRY = tuple(f.name for f in fields(Retry))
 SCHEDULE = {
     name: () if name == "piecewise" else tuple(f.name for f in fields(kind))  # type: ignore[arg-type]

@@ -96,7 +96,7 @@ STEPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # method: (requir
     "tokenize": (("tokenizer",), ("column", "eos", "max_length")),
     "pack": (
         ("seq_len",),
-        ("strategy", "shift_labels", "mask_boundaries", "pad_id", "buffer_size", "column", "eos"),
+        ("strategy", "shift_labels", "mask_boundaries", "pad_id", "buffer_size", "column", "eos", "outputs"),
     ),
     "batch": (("size",), ("drop_last", "continuous")),
 }

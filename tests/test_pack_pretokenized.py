@@ -126,7 +126,7 @@ def test_nulls_in_an_arrow_list_column_go_to_the_errors_policy(tmp_path: Path) -
 def test_outputs_makes_only_the_arrays_asked_for(tmp_path: Path, strategy: str) -> None:
     with TokenWriter(tmp_path / "tokens", dtype="uint16", shard_size=400) as writer:
         for d in DOCS:
-            writer.write(np.asarray(d + [EOS], dtype=np.uint16))
+            writer.write(np.asarray([*d, EOS], dtype=np.uint16))
     ds = tidal.Dataset(tmp_path / "tokens").shuffle(seed=1, block_size=30)
     full = list(ds.pack(16, strategy, buffer_size=3).batch(4))
     lean = ds.pack(16, strategy, buffer_size=3, outputs=["input_ids"]).batch(4)

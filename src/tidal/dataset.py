@@ -285,6 +285,7 @@ class Dataset:
         buffer_size: int = 256,
         column: str = "input_ids",
         eos: int | None = None,
+        outputs: Sequence[str] = ("input_ids", "labels", "position_ids", "segment_ids"),
     ) -> Dataset:
         """Pack documents of token ids into sequences of ``seq_len`` tokens for causal LM training.
 
@@ -297,12 +298,14 @@ class Dataset:
         buffer of about ``buffer_size`` sequences' worth of documents best-fit-decreasing,
         cutting only documents longer than ``seq_len``, and pads with ``pad_id`` (default: the
         EOS id, else 0). Each sequence has ``input_ids``, ``labels``, ``position_ids`` and
-        ``segment_ids``; see :mod:`tidal.stages.pack` for their exact meaning.
+        ``segment_ids``; see :mod:`tidal.stages.pack` for their exact meaning. ``outputs``: the
+        ones to make, e.g. ``("input_ids",)`` for a loop that shifts its own labels: the others
+        cost nothing then.
 
         >>> ds.tokenize(tok).pack(2048, "best_fit", mask_boundaries=True)
         >>> tidal.Dataset("tokens/").pack(2048)          # pre-tokenized: no tokenizer needed
         """
-        from tidal.stages.pack import Pack, PackConfig
+        from tidal.stages.pack import OUTPUTS, Pack, PackConfig
 
         self._before_batch("pack")
         if strategy not in ("concat", "best_fit"):
@@ -313,7 +316,17 @@ class Dataset:
             tokenizers = [t for s in walk(self._stage) if (t := s.tokenizer_used()) is not None]  # mixed streams too
             known = eos if eos is not None else tokenizers[0].eos_id if tokenizers else None
             pad_id = known if known is not None else 0
-        cfg = PackConfig(seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size, column=column, eos=eos)
+        if (
+            isinstance(outputs, str)
+            or not outputs
+            or not set(outputs) <= set(OUTPUTS)
+            or len(set(outputs)) < len(outputs)
+        ):
+            raise ArgumentError(f"outputs must name some of {', '.join(OUTPUTS)}, each once; got {outputs!r}")
+        made = tuple(name for name in OUTPUTS if name in outputs)
+        cfg = PackConfig(
+            seq_len, strategy, shift_labels, mask_boundaries, pad_id, buffer_size, column=column, eos=eos, outputs=made
+        )
         return self._then(Pack(self._stage, cfg))
 
     # -- facts -----------------------------------------------------------------------

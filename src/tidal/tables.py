@@ -61,7 +61,7 @@ def decoded(table: pa.Table) -> Table:
             if any(is_text(t) for is_text in _TEXT):
                 out[name] = col.to_pylist()
             elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and not col.null_count:
-                out[name] = _numpy(col)
+                out[name] = numpy_of(col)
             else:
                 out[name] = col
     except UnicodeDecodeError as exc:
@@ -246,7 +246,7 @@ def _arrow_column(col: pa.ChunkedArray) -> Any:
     t = col.type
     if col.null_count == 0:
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            return _numpy(col)
+            return numpy_of(col)
         if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
             arr = col.combine_chunks()
             inner = arr.type.value_type
@@ -254,13 +254,13 @@ def _arrow_column(col: pa.ChunkedArray) -> Any:
                 flat = arr.flatten()
                 if flat.null_count == 0 and len(flat) % len(arr) == 0:
                     width = len(flat) // len(arr)
-                    lengths = _numpy(arr.value_lengths())
+                    lengths = numpy_of(arr.value_lengths())
                     if (lengths == width).all():
-                        return _numpy(flat).reshape(len(arr), width)
+                        return numpy_of(flat).reshape(len(arr), width)
     return col.to_pylist()
 
 
-def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+def numpy_of(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A numeric Arrow array without nulls as a numpy array of its own (a batch is the user's to
     change), read from Arrow's buffer: Arrow's ``to_numpy()`` imports pandas on its first call,
     0.3 s and 40 MB in every DataLoader worker before its first batch."""
@@ -272,7 +272,7 @@ def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
             f"<{'f' if pa.types.is_floating(t) else 'u' if pa.types.is_unsigned_integer(t) else 'i'}{t.bit_width // 8}"
         )
     if isinstance(values, pa.ChunkedArray):
-        parts = [_numpy(c) for c in values.chunks if len(c)]
+        parts = [numpy_of(c) for c in values.chunks if len(c)]
         return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.empty(0, dtype)
     n, offset = len(values), values.offset
     if n == 0:

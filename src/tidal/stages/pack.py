@@ -32,14 +32,16 @@ from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from tidal.errors import StateError
 from tidal.stages import INTERNAL, Context, Needed, StageIterator, Step, add_stats
 from tidal.state import keys as k
 from tidal.state.view import View
-from tidal.tables import Columns, Table, records
+from tidal.tables import Columns, Table, numpy_of, records
 
 IGNORE = -100
+OUTPUTS = ("input_ids", "labels", "position_ids", "segment_ids")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class PackConfig:
     chunk_docs: int = field(default=256, metadata=INTERNAL)  # documents read at a time: no argument of pack()
     column: str = "input_ids"  # the token ids of each document
     eos: int | None = None  # appended to each document (pre-tokenized data without one)
+    outputs: tuple[str, ...] = OUTPUTS  # the arrays each sequence carries: those made, no others
 
 
 @dataclass(frozen=True, repr=False)
@@ -71,15 +74,15 @@ class Pack(Step):
     def shifts_labels(self) -> bool:
         return self.config.shift_labels
 
-    def facts(self) -> list:
-        return list(astuple(self.config))
+    def facts(self) -> list:  # what sequences hold, not which arrays are made of them: outputs is left out
+        return list(astuple(self.config))[:-1]
 
     def call(self) -> str:
         c = self.config
         return (
             f"pack({c.seq_len}, {c.strategy!r}, shift_labels={c.shift_labels}, "
             f"mask_boundaries={c.mask_boundaries}, pad_id={c.pad_id}, buffer_size={c.buffer_size}, "
-            f"column={c.column!r}, eos={c.eos})"
+            f"column={c.column!r}, eos={c.eos}{'' if c.outputs == OUTPUTS else f', outputs={c.outputs!r}'})"
         )
 
     @classmethod
@@ -90,7 +93,44 @@ class Pack(Step):
         return self.config
 
     def config_args(self) -> dict[str, Any]:
-        return {k: v for k, v in super().config_args().items() if v is not None}
+        args = super().config_args()
+        args["outputs"] = None if self.config.outputs == OUTPUTS else list(self.config.outputs)  # a list in JSON
+        return {k: v for k, v in args.items() if v is not None}
+
+
+def _documents(table: Table, cfg: PackConfig, upstream: StageIterator, needed: Needed) -> tuple[np.ndarray, np.ndarray]:
+    """The documents of ``table``'s ``cfg.column`` end to end, and the length of each (``cfg.eos``
+    appended to each when given). A column of integer lists without nulls, as Arrow holds it
+    (Parquet, Arrow, a ``datasets`` table), is read as its values and offsets, with no Python
+    object per document; anything else goes record by record through :func:`_doc_tokens`."""
+    flat = _flat(table, cfg.column)
+    if flat is None:
+        docs = _doc_tokens(records(table), cfg, upstream, needed)
+        lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
+        return (np.concatenate(docs) if docs else np.zeros(0, np.int64)), lengths
+    needed.seen = True
+    tokens, lengths = flat
+    if cfg.eos is not None:
+        tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(cfg.eos, dtype=tokens.dtype))
+        lengths = lengths + 1
+    return tokens, lengths
+
+
+def _flat(table: Table, column: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """``column`` as (values, lengths) where it is an Arrow list of integers without nulls; else None."""
+    col = table.column(column) if isinstance(table, pa.Table) and column in table.column_names else None
+    if isinstance(table, Columns):
+        col = table.get(column)
+    if not isinstance(col, pa.ChunkedArray) or col.null_count:
+        return None
+    kind = col.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
+        return None
+    lists = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    values = lists.flatten()  # of the lists in the slice only
+    if values.null_count:
+        return None
+    return numpy_of(values), numpy_of(lists.value_lengths()).astype(np.int64)
 
 
 def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, needed: Needed) -> list[np.ndarray]:
@@ -146,42 +186,45 @@ def _tokens(rec: Any, column: str) -> np.ndarray | None:
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, n: int, cfg: PackConfig) -> Columns:
-    """``n`` concat sequences at once from ``n * seq_len`` tokens (one more when labels shift)
-    and the mask of where documents start among them: every column a 2-D array."""
-    L = cfg.seq_len
-    flat = slice(0, n * L)
-    begins = starts[flat].reshape(n, L).copy()
-    begins[:, 0] = True  # each sequence itself starts a piece
-    if cfg.shift_labels:
-        labels = tokens[1 : n * L + 1].astype(np.int64).reshape(n, L)
-        if cfg.mask_boundaries:
-            labels[starts[1 : n * L + 1].reshape(n, L)] = IGNORE
-    else:
-        labels = tokens[flat].astype(np.int64).reshape(n, L)
-        if cfg.mask_boundaries:
-            inner = starts[flat].reshape(n, L).copy()
-            inner[:, 0] = False  # the first token of a sequence is predicted from nothing before it
-            labels[inner] = IGNORE
-    idx = np.arange(L)
-    last_begin = np.maximum.accumulate(np.where(begins, idx, 0), axis=1)
-    return Columns(
-        input_ids=tokens[flat].reshape(n, L).copy(),
-        labels=labels,
-        position_ids=idx - last_begin,
-        segment_ids=np.cumsum(begins, axis=1, dtype=np.int32),
-    )
+    """``n`` concat sequences at once from ``n * seq_len`` tokens (one more when labels shift),
+    given where documents start among them (sorted offsets): each of ``cfg.outputs`` a 2-D
+    array, and only those. Positions and segments are made from the few boundaries, not token
+    by token."""
+    L, want = cfg.seq_len, cfg.outputs
+    T = n * L
+    out = Columns()
+    if "input_ids" in want:
+        out["input_ids"] = tokens[:T].reshape(n, L).copy()
+    if "labels" in want:
+        if cfg.shift_labels:
+            labels = tokens[1 : T + 1].astype(np.int64)
+            if cfg.mask_boundaries:  # a document's first token is not predicted from the one before
+                labels[starts[(starts >= 1) & (starts <= T)] - 1] = IGNORE
+        else:
+            labels = tokens[:T].astype(np.int64)
+            if cfg.mask_boundaries:  # nor, aligned, at a document start inside a sequence
+                labels[starts[(starts < T) & (starts % L != 0)]] = IGNORE
+        out["labels"] = labels.reshape(n, L)
+    if "position_ids" in want or "segment_ids" in want:
+        rows = np.arange(0, T, L)
+        bounds = np.union1d(starts[starts < T], rows)  # where each piece of a document begins
+        lengths = np.diff(bounds, append=T)
+        if "position_ids" in want:
+            out["position_ids"] = (np.arange(T) - np.repeat(bounds, lengths)).reshape(n, L)
+        if "segment_ids" in want:
+            first = np.searchsorted(bounds, rows)  # each sequence's first piece
+            piece = np.arange(len(bounds)) - np.repeat(first, np.diff(first, append=len(bounds))) + 1
+            out["segment_ids"] = np.repeat(piece.astype(np.int32), lengths).reshape(n, L)
+    return out
 
 
 class _Chunk:
-    """Documents pulled in one upstream call, flattened, and where that call started."""
+    """Documents pulled in one upstream call, end to end, and where that call started."""
 
-    def __init__(self, position: dict, used: dict, docs: list[np.ndarray], dtype: np.dtype):
+    def __init__(self, position: dict, used: dict, tokens: np.ndarray, lengths: np.ndarray):
         self.position, self.used = position, used
-        self.tokens = np.concatenate(docs) if docs else np.zeros(0, dtype=dtype)
-        lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
+        self.tokens = tokens
         self.first = (np.cumsum(lengths) - lengths)[lengths > 0]  # where each document starts
-        self.starts = np.zeros(len(self.tokens), dtype=bool)
-        self.starts[self.first] = True
 
 
 class ConcatPackIterator(StageIterator):
@@ -204,14 +247,16 @@ class ConcatPackIterator(StageIterator):
     def _pull(self) -> None:
         state, consumed = self._up.position(), self._up.used()
         try:
-            recs = records(self._up.next(self._cfg.chunk_docs))
+            table = self._up.next(self._cfg.chunk_docs)
         except StopIteration:
             self._ended = True
             return
-        docs = _doc_tokens(recs, self._cfg, self._up, self._needed)
-        if docs:
-            self._dtype = docs[0].dtype
-        self._chunks.append(_Chunk(state, consumed, docs, self._dtype))
+        tokens, lengths = _documents(table, self._cfg, self._up, self._needed)
+        if len(lengths):
+            self._dtype = tokens.dtype
+        else:
+            tokens = tokens.astype(self._dtype)
+        self._chunks.append(_Chunk(state, consumed, tokens, lengths))
 
     def _available(self) -> int:
         return sum(len(c.tokens) for c in self._chunks) - self._pos
@@ -234,6 +279,7 @@ class ConcatPackIterator(StageIterator):
         return out
 
     def _gather(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``n`` tokens and where documents start among them."""
         toks: list[np.ndarray] = []
         starts: list[np.ndarray] = []
         pos, have = self._pos, 0
@@ -243,11 +289,12 @@ class ConcatPackIterator(StageIterator):
                 continue
             take = min(n - have, len(c.tokens) - pos)
             toks.append(c.tokens[pos : pos + take])
-            starts.append(c.starts[pos : pos + take])
+            a, z = np.searchsorted(c.first, [pos, pos + take])
+            starts.append(c.first[a:z] - pos + have)
             pos, have = 0, have + take
             if have == n:
                 break
-        return np.concatenate(toks), np.concatenate(starts)
+        return (toks[0] if len(toks) == 1 else np.concatenate(toks)), np.concatenate(starts)
 
     def position(self) -> dict:
         if not self._chunks:  # the next chunk starts where upstream is now
@@ -299,12 +346,11 @@ class BestFitPackIterator(StageIterator):
         total = 0
         while total < budget:
             try:
-                recs = records(self._up.next(cfg.chunk_docs))
+                tokens, lengths = _documents(self._up.next(cfg.chunk_docs), cfg, self._up, self._needed)
             except StopIteration:
                 break
-            new = _doc_tokens(recs, cfg, self._up, self._needed)
-            docs += new
-            total += sum(len(d) for d in new)
+            docs += np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []
+            total += len(tokens)
         if docs:
             self._bins = self._pack(docs)
 
@@ -347,7 +393,8 @@ class BestFitPackIterator(StageIterator):
                 labels[at + 1 : at + n] = doc[a + 1 : z]
             at += n
         self.padding += L - at
-        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "segment_ids": segment_ids}
+        made = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "segment_ids": segment_ids}
+        return {name: made[name] for name in cfg.outputs}
 
     def next(self, max_items: int) -> Table:
         out: list[dict] = []

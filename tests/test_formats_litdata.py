@@ -60,7 +60,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
                          compression_batch_size=3 if level == "batch" else None)  # fmt: skip
     litdata.optimize(fn=plain, inputs=list(range(20)), output_dir=str(out["plain-zstd"]), chunk_size=6, num_workers=1,
                      compression="zstd")  # fmt: skip
-    litdata.optimize(fn=tokens, inputs=list(range(30)), output_dir=str(out["tokens-zstd"]), chunk_size=120,
+    litdata.optimize(fn=tokens, inputs=list(range(30)), output_dir=str(out["tokens-zstd"]), chunk_size=60,
                      num_workers=1, item_loader=TokensLoader(), compression="zstd:3", compression_level="chunk")  # fmt: skip
     # optimize() sets the process's start method to spawn, for every later test's DataLoader workers
     multiprocessing.set_start_method(method, force=True)
@@ -155,6 +155,7 @@ def test_zstd_arrow_footer_rows_read_back(dirs: dict[str, Path]) -> None:
 
 
 def test_compressed_token_chunks_pack_in_dataloader_workers(dirs: dict[str, Path]) -> None:
+    assert len(list(dirs["tokens-zstd"].glob("chunk-*"))) > 10  # chunk-0-10 sorts before chunk-0-2: index.json decides
     want = [next(tokens(i)) for i in range(30)]
     got = [r["input_ids"] for r in tidal.Dataset(dirs["tokens-zstd"])]
     assert len(got) == 30 and all(g.dtype == np.uint16 and np.array_equal(g, w) for g, w in zip(got, want, strict=True))
@@ -228,3 +229,14 @@ def test_a_framed_chunk_whose_frame_table_runs_past_its_end_is_a_format_error(
     chunk = _damage(dirs["mixed-batch"], tmp_path / "b", "chunk-0-0.bin", lambda d: d.__delitem__(slice(-5, None)))
     with pytest.raises(tidal.FormatError, match=rf"{chunk.name}: corrupt framed chunk: frame 2"):
         tidal.Dataset(chunk.parent)
+
+
+def test_an_index_json_naming_a_chunk_outside_its_directory_is_refused(dirs: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    copy = Path(shutil.copytree(dirs["plain"], tmp_path / "p"))
+    index = json.loads((copy / "index.json").read_text())
+    index["chunks"][1]["filename"] = "../elsewhere.bin"
+    (copy / "index.json").write_text(json.dumps(index))
+    with pytest.raises(tidal.FormatError, match=r"index.json: chunk '../elsewhere.bin' is not a file name"):
+        tidal.Dataset(copy)

@@ -17,7 +17,7 @@ from typing import Any
 
 from tidal.discover import open_shards
 from tidal.errors import ArgumentError
-from tidal.formats import Errors, check_columns, check_errors, check_options
+from tidal.formats import Errors, check_columns, check_errors, check_options, in_order
 from tidal.hf_datasets import resolve as resolve_hf
 from tidal.iterator import DatasetIterator
 from tidal.shards import Shard, Shards
@@ -134,6 +134,7 @@ class Dataset:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if overrides:
             settings = replace(settings, **overrides)
+        src, columns = in_order(src, columns)  # save_to_disk and LitData directories: their files, in their order
         src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
         indexed = False
         if held is not None:

@@ -15,8 +15,8 @@
   data, on disk or on the Hub): tidal reads those files directly. One made by a generator or
   a loading script, or that applies ``map``, ``filter``, ``shuffle``, ``take``... is refused with
   what to do instead (the same steps as tidal's own ``.map()``, ``.filter()``, ``.shuffle()``).
-- a directory written by ``save_to_disk``: its Arrow files in the order its ``state.json``
-  lists them (:mod:`tidal.formats.hf_saved`); a ``DatasetDict``'s directory asks for a split.
+- (a directory written by ``save_to_disk`` is a directory that lists its own files, read in
+  their order before anything here: see :mod:`tidal.formats.hf_saved`.)
 - ``hf://datasets/org/name[@revision][/path]`` URLs, through fsspec's ``HfFileSystem``
   (``pip install 'tidal[hf]'``); ``@~parquet`` names the Hub's Parquet conversion of a repo
   (the ``refs/convert/parquet`` branch), e.g. ``hf://datasets/org/name@~parquet/default/train``.
@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidal.errors import SourceError
-from tidal.formats import hf_saved
 
 PARQUET_REVISION = "refs%2Fconvert%2Fparquet"  # what ``@~parquet`` stands for in an hf:// URL
 ROWS_PER_MEMORY_SHARD = 65_536
@@ -67,17 +66,10 @@ def resolve(
     object becomes its files (or, without files, ``shards``: the fields of each shard of its
     in-memory table, see :func:`tidal.formats.memory.shards`); hf:// URLs are spelled out;
     anything else is returned as it is, with ``shards`` None."""
-    saved = hf_saved.files(src)  # a save_to_disk directory: its Arrow files, in its order
-    if saved is not None:
-        return saved[0], format or "arrow", columns if columns is not None else saved[1], None
     if isinstance(src, str):
         return hub_url(src), format, columns, None
     if isinstance(src, (list, tuple)):
-        out: list[Any] = []
-        for s in src:
-            found = hf_saved.files(s)
-            out.extend(found[0] if found is not None else [hub_url(s) if isinstance(s, str) else s])
-        return out, format, columns, None
+        return [hub_url(s) if isinstance(s, str) else s for s in src], format, columns, None
     if not is_hf_object(src):
         return src, format, columns, None
     kind = type(src).__name__

@@ -31,7 +31,6 @@ import os
 from typing import Any
 
 from tidal.errors import SourceError
-from tidal.formats import known_ending
 
 STATE = "state.json"
 INFO = "dataset_info.json"
@@ -39,15 +38,15 @@ SPLITS = "dataset_dict.json"
 __all__ = ["files"]
 
 
-def files(path: Any) -> tuple[list[str], list[str] | None] | None:
+def files(path: Any) -> tuple[list[str], list[str] | None] | None:  # see tidal.formats.in_order
     """``(Arrow files in order, the columns its format shows or None)`` when ``path`` is a local
     ``save_to_disk`` directory, else None (nothing is read from any other path). A
     ``DatasetDict`` directory is a SourceError naming its splits."""
     if not isinstance(path, (str, os.PathLike)):
         return None
     root = os.fspath(path)
-    if "://" in root or known_ending(os.path.basename(root), exists=_nothing) or not os.path.isdir(root):
-        return None  # a file's name: no stat (a list of a million files is given at times)
+    if "://" in root or not os.path.isdir(root):
+        return None
     if os.path.isfile(os.path.join(root, SPLITS)):
         raise SourceError(_splits_message(root))
     state = os.path.join(root, STATE)
@@ -75,10 +74,6 @@ def files(path: Any) -> tuple[list[str], list[str] | None] | None:
             raise SourceError(f"{state}: _format_columns is not a list of column names: {shown!r}")
         return out, shown
     return out, None
-
-
-def _nothing(path: str) -> bool:
-    return False
 
 
 def _splits_message(root: str) -> str:

@@ -75,7 +75,7 @@ from tidal.formats import Errors, Options, Piece, bad, check_options, data_error
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "litdata"
-__all__ = ["NAME", "claims", "columns", "open", "scan"]
+__all__ = ["NAME", "claims", "columns", "files", "open", "scan"]
 
 INDEX = "index.json"
 FOOTER_MAGIC = b"LDARW01\x00"
@@ -105,6 +105,29 @@ def claims(path: str, exists: Callable[[str], bool]) -> bool:
     """A ``chunk-*.bin`` with an ``index.json`` beside it."""
     name = os.path.basename(path)
     return name.startswith("chunk-") and name.endswith(".bin") and exists(os.path.join(os.path.dirname(path), INDEX))
+
+
+def files(root: str) -> tuple[list[str], None] | None:
+    """A local LitData directory's chunks in the order its ``index.json`` lists them (the order
+    LitData wrote and reads them: ``chunk-0-2.bin`` before ``chunk-0-10.bin``), or None for a
+    directory without a LitData ``index.json``. See :func:`tidal.formats.in_order`."""
+    where = os.path.join(root, INDEX)
+    if not os.path.isfile(where):
+        return None
+    try:
+        with builtins.open(where, "rb") as f:
+            index = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{where}: unreadable: {exc}") from None
+    if not isinstance(index, dict) or not isinstance(index.get("config"), dict) or "chunks" not in index:
+        return None  # the index.json of MDS or tidal token shards: their names sort in order
+    out = []
+    for entry in index["chunks"] if isinstance(index["chunks"], list) else [None]:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or os.sep in name:
+            raise FormatError(f"{where}: chunk {name!r} is not a file name in its directory")
+        out.append(os.path.join(root, name))
+    return (out, None) if out else None
 
 
 def _config(path: str, src: Any) -> tuple[dict, dict]:

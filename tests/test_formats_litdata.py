@@ -230,6 +230,13 @@ def test_a_framed_chunk_whose_frame_table_runs_past_its_end_is_a_format_error(
     with pytest.raises(tidal.FormatError, match=rf"{chunk.name}: corrupt framed chunk: frame 2"):
         tidal.Dataset(chunk.parent)
 
+    def many(d: bytearray) -> None:  # frame 0 claims 1,000 items of the chunk's 8
+        struct.pack_into("<I", d, 24 + 4 * (8 + 1) + 4, 1000)
+
+    chunk = _damage(dirs["mixed-batch"], tmp_path / "m", "chunk-0-0.bin", many)
+    with pytest.raises(tidal.FormatError, match=rf"{chunk.name}: corrupt framed chunk: frame 0 \(items 0..1000"):
+        tidal.Dataset(chunk.parent)
+
 
 def test_an_index_json_naming_a_chunk_outside_its_directory_is_refused(dirs: dict[str, Path], tmp_path: Path) -> None:
     import shutil

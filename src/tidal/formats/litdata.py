@@ -276,12 +276,13 @@ class Chunk:
         at = frames["at"].astype(np.int64)
         ends = at + frames["compressed"].astype(np.int64)
         starts = np.arange(count, dtype=np.int64) * k
+        lo, hi = np.clip(first, 0, n), np.clip(first + size, 0, n)  # a damaged table indexes nothing outside
         wrong = np.flatnonzero(
             (first != starts)
             | (size != np.minimum(k, n - starts))
             | (at < table_end)
             | (ends > len(data))
-            | (frames["inflated"].astype(np.int64) != self.offsets[first + size] - self.offsets[first])
+            | (frames["inflated"].astype(np.int64) != self.offsets[hi] - self.offsets[lo])
         )
         if len(wrong):
             i = int(wrong[0])

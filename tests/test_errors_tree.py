@@ -31,6 +31,8 @@ INTERNAL: dict[Site, tuple[int, str]] = {
     ("formats/_json.py", "_check_strings", "ValueError"): (1, "the JSON parser"),
     ("formats/_json.py", "loads_stdlib", "ValueError"): (3, "the JSON parser"),
     ("formats/arrow.py", "ArrowReader._batch", "ValueError"): (2, "caught in _batch: a RecordError for the batch"),
+    ("formats/litdata.py", "Chunk._inflate", "ValueError"): (3, "a zstd frame: caught in read(): a RecordError"),
+    ("formats/litdata.py", "Chunk._frame", "ValueError"): (1, "a zstd frame: caught in read(): a RecordError"),
     ("formats/litdata.py", "LitdataReader._leaf", "ValueError"): (1, "caught in read(): a RecordError"),
     ("formats/litdata.py", "LitdataReader._item", "ValueError"): (2, "caught in read(): a RecordError"),
     ("formats/mds.py", "_image", "ValueError"): (1, "caught in MdsReader.read(): a RecordError"),

@@ -174,17 +174,26 @@ def mds(compression: str | None) -> Callable[[Path, str, np.random.Generator], l
     return write
 
 
-def litdata_chunks(d: Path, rng: np.random.Generator) -> tuple[list[Path], list[Path]]:
-    from litdata.streaming.writer import BinaryWriter
+def litdata(level: str | None) -> Callable[[Path, np.random.Generator], tuple[list[Path], list[Path]]]:
+    """LitData chunks, plain or zstd-compressed at ``level`` (batch: frames of 2 items)."""
 
-    first, second = _records(rng), _records(rng)
-    second = second[: len(first)]  # chunk_size = len(first): the second chunk holds the rest
-    writer = BinaryWriter(str(d), chunk_size=len(first))
-    for i, r in enumerate(first + second):
-        writer[i] = {"text": r["text"], "id": r["id"], "v": np.arange(r["id"] + 1, dtype=np.int32)}
-    writer.done()
-    writer.merge()
-    return [d / "chunk-0-0.bin"], [d / "chunk-0-1.bin"]
+    def write(d: Path, rng: np.random.Generator) -> tuple[list[Path], list[Path]]:
+        from litdata.streaming.writer import BinaryWriter
+
+        first, second = _records(rng), _records(rng)
+        second = second[: len(first)]  # chunk_size = len(first): the second chunk holds the rest
+        zstd = {"compression": "zstd", "compression_level": level, "compression_batch_size": 2} if level else {}
+        if level != "batch":
+            zstd.pop("compression_batch_size", None)
+        writer = BinaryWriter(str(d), chunk_size=len(first), **zstd)
+        for i, r in enumerate(first + second):
+            writer[i] = {"text": r["text"], "id": r["id"], "v": np.arange(r["id"] + 1, dtype=np.int32)}
+        writer.done()
+        writer.merge()
+        ending = ".zstd.bin" if level == "chunk" else ".bin"
+        return [d / f"chunk-0-0{ending}"], [d / f"chunk-0-1{ending}"]
+
+    return write
 
 
 def megatron(d: Path, name: str, rng: np.random.Generator) -> list[Path]:
@@ -258,7 +267,11 @@ def _readers() -> dict[str, Reader]:
     out["webdataset.gz"] = Reader(pair(tar("gz")), checked=True)
     out["mds"] = Reader(pair(mds(None)), needs="streaming")
     out["mds.zstd"] = Reader(pair(mds("zstd")), needs="streaming")  # Mosaic writes no zstd checksum
-    out["litdata"] = Reader(litdata_chunks, needs="litdata")
+    out["litdata"] = Reader(litdata(None), needs="litdata")
+    # zstd by batch and by sample (LitData writes no checksum); a whole-chunk stream is checked to its end
+    out["litdata.zstd-batch"] = Reader(litdata("batch"), needs="litdata")
+    out["litdata.zstd-sample"] = Reader(litdata("sample"), needs="litdata")
+    out["litdata.zstd-chunk"] = Reader(litdata("chunk"), needs="litdata")
     out["megatron"] = Reader(pair(megatron))
     out["flat.bin"] = Reader(pair(flat_bin), cut="partial")
     out["flat.npy"] = Reader(pair(flat_npy))

@@ -27,6 +27,12 @@ cannot tell:
   it scans a shard), and naming it alone is an error that says to pass its directory (or
   ``format="jsonl"``).
 
+**Directories that list their files** (:func:`in_order`): a local LitData directory
+(``index.json``'s ``chunks``) and a ``datasets`` ``save_to_disk`` directory (``state.json``,
+:mod:`tidal.formats.hf_saved`) name their files in the order their writer wrote them, which
+sorting names does not give (``chunk-0-10.bin`` sorts before ``chunk-0-2.bin``): the dataset
+is given those files, in that order, before it is listed.
+
 ``format=`` overrides all of this. Nothing is read to detect a format, so detection is the
 same for a local file and a remote one; only ``exists`` differs (a listing can answer it).
 
@@ -138,6 +144,45 @@ class Reader(Protocol):
     def read(self, start: int, stop: int) -> Piece: ...
 
     def close(self) -> None: ...
+
+
+# Directories whose own manifest names their files in order: a module's ``files(dir)`` gives
+# ``(paths in order, default columns or None)``, or None for a directory that is not one of them.
+_ORDERED_DIRECTORIES = ("tidal.formats.hf_saved", "tidal.formats.litdata")
+
+
+def in_order(src: Any, columns: Sequence[str] | None) -> tuple[Any, Sequence[str] | None]:
+    """``(src, columns)`` with each local directory whose manifest names its files in order (a
+    ``datasets`` ``save_to_disk`` directory, a LitData directory) replaced by those files, in
+    that order; anything else as it is. ``columns`` is the directory's default where it has one
+    and the caller named none (``src`` is that one directory)."""
+    if isinstance(src, (str, os.PathLike)):
+        found = _ordered(src)
+        if found is None:
+            return src, columns
+        return found[0], columns if columns is not None else found[1]
+    if isinstance(src, (list, tuple)):
+        out: list[Any] = []
+        for entry in src:
+            found = _ordered(entry) if isinstance(entry, (str, os.PathLike)) else None
+            out.extend(found[0] if found is not None else [entry])
+        return out, columns
+    return src, columns
+
+
+def _ordered(path: str | os.PathLike) -> tuple[list[str], list[str] | None] | None:
+    name = os.fspath(path)
+    if "://" in name or known_ending(os.path.basename(name.rstrip("/")), exists=_nothing) or not os.path.isdir(name):
+        return None  # a file's name: no stat (a list of a million files is given at times)
+    for where in _ORDERED_DIRECTORIES:
+        found = importlib.import_module(where).files(name)
+        if found is not None:
+            return found
+    return None
+
+
+def _nothing(path: str) -> bool:
+    return False
 
 
 def formats() -> list[str]:

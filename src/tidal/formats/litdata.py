@@ -26,12 +26,35 @@ Records:
   ``no_header_tensor`` (as numpy arrays: torch is not needed), image leaves (``pil``,
   ``jpeg``, ``image``, ``jpeg_array``) as their bytes, ``pickle`` only with the format option
   ``allow_pickle=True``. Other serializers (video, audio, graph, LitData's binary ``json``)
-  and encrypted or frame-compressed chunks are refused with a FormatError naming the file.
+  and encrypted chunks are refused with a FormatError naming the file.
 
-Whole-chunk ``compression="zstd"`` chunks are decompressed into memory when opened, every
-byte checked (:mod:`tidal.formats.codecs`). LitData keeps no checksum: an item that does not
-decode is a :class:`~tidal.errors.RecordError` naming the file and row, for the ``errors``
-policy; an Arrow footer is validated whole when the chunk is opened.
+Compression, every way ``litdata.optimize(..., compression="zstd"`` or ``"zstd:N")`` writes it;
+``index.json``'s ``compression`` and ``compression_level`` say which (zstd is the only codec
+LitData registers):
+
+- ``compression_level="batch"`` (LitData's default for zstd on pytree chunks): a ``.bin``
+  that starts ``b"LDFZ01\\0\\0"``; an uncompressed header (items, items a frame, frames), the
+  item offsets within the decompressed items, a table of frames (first item, items,
+  compressed offset and length, decompressed length), then one zstd frame of the items'
+  bytes per ``compression_batch_size`` items. Scanning reads and checks the header and the
+  table only; a frame is decompressed the first time one of its rows is read, and kept for
+  the life of the reader (at most the chunk's decompressed size).
+- ``compression_level="sample"``: the plain layout, each item's bytes its own zstd frame,
+  decompressed as the item is read.
+- ``compression_level="chunk"`` (and every index.json without a level): the whole file
+  (``chunk-*.zstd.bin``) is one zstd stream, decompressed into memory when the chunk is
+  opened, every byte checked (:mod:`tidal.formats.codecs`). The index scan reads and
+  decompresses the whole file once too. It is the only level LitData writes
+  ``TokensLoader`` chunks with.
+- rows kept as an Arrow footer compress the footer's buffers (``ipc_compression``), which
+  pyarrow decompresses as it reads the footer.
+
+LitData keeps no checksum of its own: an item or a zstd frame that does not decode (a frame
+that is cut short, is followed by stray bytes or decompresses to another length than its
+table says) is a :class:`~tidal.errors.RecordError` naming the file and row (for a frame,
+each of its rows, naming the frame), for the ``errors`` policy; a whole-chunk stream that is
+truncated or corrupt, or a frame table that does not fit the file, is a FormatError naming
+the file; an Arrow footer is validated whole when the chunk is opened.
 """
 
 from __future__ import annotations
@@ -52,10 +75,13 @@ from tidal.formats import Errors, Options, Piece, bad, check_options, data_error
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "litdata"
-__all__ = ["NAME", "claims", "columns", "open", "scan"]
+__all__ = ["NAME", "claims", "columns", "files", "open", "scan"]
 
 INDEX = "index.json"
 FOOTER_MAGIC = b"LDARW01\x00"
+FRAMED_MAGIC = b"LDFZ01\x00\x00"  # the batch layout's first bytes
+_FRAME = np.dtype([("first", "<u4"), ("items", "<u4"), ("at", "<u8"), ("compressed", "<u4"), ("inflated", "<u4")])
+_LEVELS = ("chunk", "batch", "sample")
 _NUMPY = ["i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16", "?"]
 _TORCH = {0: "<f4", 1: "<f4", 2: "<f8", 3: "<f8", 4: "<c8", 5: "<c8", 6: "<c16", 7: "<c16", 8: "<f2", 9: "<f2",
           11: "u1", 12: "i1", 13: "<i2", 14: "<i2", 15: "<i4", 16: "<i4", 17: "<i8", 18: "<i8", 19: "?", 20: "<u2"}  # fmt: skip
@@ -79,6 +105,29 @@ def claims(path: str, exists: Callable[[str], bool]) -> bool:
     """A ``chunk-*.bin`` with an ``index.json`` beside it."""
     name = os.path.basename(path)
     return name.startswith("chunk-") and name.endswith(".bin") and exists(os.path.join(os.path.dirname(path), INDEX))
+
+
+def files(root: str) -> tuple[list[str], None] | None:
+    """A local LitData directory's chunks in the order its ``index.json`` lists them (the order
+    LitData wrote and reads them: ``chunk-0-2.bin`` before ``chunk-0-10.bin``), or None for a
+    directory without a LitData ``index.json``. See :func:`tidal.formats.in_order`."""
+    where = os.path.join(root, INDEX)
+    if not os.path.isfile(where):
+        return None
+    try:
+        with builtins.open(where, "rb") as f:
+            index = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{where}: unreadable: {exc}") from None
+    if not isinstance(index, dict) or not isinstance(index.get("config"), dict) or "chunks" not in index:
+        return None  # the index.json of MDS or tidal token shards: their names sort in order
+    out = []
+    for entry in index["chunks"] if isinstance(index["chunks"], list) else [None]:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or os.sep in name:
+            raise FormatError(f"{where}: chunk {name!r} is not a file name in its directory")
+        out.append(os.path.join(root, name))
+    return (out, None) if out else None
 
 
 def _config(path: str, src: Any) -> tuple[dict, dict]:
@@ -106,8 +155,12 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     config, entry = _config(path, src)
     if config.get("encryption"):
         raise FormatError(f"{path}: encrypted LitData chunks are not supported")
-    if config.get("compression_level") in ("batch", "sample"):
-        raise FormatError(f"{path}: LitData chunks compressed by {config['compression_level']} are not supported")
+    level = config.get("compression_level") or "chunk"
+    if level not in _LEVELS:
+        raise FormatError(f"{path}: LitData compression_level {level!r} is not one of {', '.join(_LEVELS)}")
+    codec = str(config.get("compression") or "zstd").split(":")[0]
+    if codec != "zstd":
+        raise FormatError(f"{path}: LitData chunks compressed with {codec!r} are not supported (zstd is)")
     data_format = list(config.get("data_format") or [])
     unknown = [f for f in _leaf_names(data_format) if f not in _PLAIN and f not in _BYTES]
     if unknown:
@@ -117,6 +170,7 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
         "data_spec": config.get("data_spec"),
         "item_loader": config.get("item_loader", "PyTreeLoader"),
         "compression": config.get("compression"),
+        "compression_level": config.get("compression_level"),
     }
     chunk = Chunk(path, src, keep)
     if chunk.rows != int(entry.get("chunk_size", chunk.rows)):
@@ -152,18 +206,31 @@ def _spec(spec: Any) -> dict | None:
 
 
 class Chunk:
-    """One chunk's bytes, item offsets (checked) and, when there is one, its Arrow footer."""
+    """One chunk's item bytes, item offsets (checked) and, when there is one, its Arrow footer.
+
+    ``item(row)`` gives an item's (decompressed) bytes. The layouts LitData writes (see the
+    module docstring) differ only in where those bytes are: a slice of the file (plain), of
+    the chunk decompressed when opened (whole-chunk zstd), of its zstd frame decompressed
+    the first time one of its rows is read (batch), or an item's own zstd frame (sample).
+    """
 
     def __init__(self, path: str, src: Any, config: dict):
         self.path = path
         compression = config.get("compression")
-        if compression:
+        level = config.get("compression_level") or "chunk"
+        if compression and level == "chunk":
             self.data = np.frombuffer(read_all(path, src, str(compression).split(":")[0]), dtype=np.uint8)
         else:
             self.data = mapped(path, src)
+        self.footer: pa.Table | None = None
+        self._frames: np.ndarray | None = None  # batch: the frame table
+        self._sample = False  # sample: every item its own zstd frame
+        self._zstd: Any = None
+        if len(self.data) >= 8 and self.data[:8].tobytes() == FRAMED_MAGIC:
+            self._framed()
+            return
         data = self.data
         end = len(data)
-        self.footer: pa.Table | None = None
         if end >= 12 and data[-8:].tobytes() == FOOTER_MAGIC:
             (size,) = struct.unpack("<I", data[-12:-8].tobytes())
             end = len(data) - 12 - size
@@ -189,7 +256,88 @@ class Chunk:
         check_offsets(path, self.offsets, head, int(self.offsets[-1]), "item")
         if self.footer is not None and self.footer.num_rows != n:
             raise FormatError(f"{path}: {n} items but {self.footer.num_rows} rows in its Arrow footer")
+        self._sample = bool(compression) and level == "sample" and self.footer is None
         self.rows = n
+
+    def _framed(self) -> None:
+        """The batch layout: its uncompressed header and frame table, checked; no frame decoded."""
+        path, data = self.path, self.data
+        head = view(path, data, 0, "u1", 24, "the framed header").tobytes()
+        _magic, version, _flags, n, k, count = struct.unpack("<8sHHIII", head)
+        if version != 1:
+            raise FormatError(f"{path}: LitData framed zstd chunk of version {version}; this reader knows version 1")
+        if n < 1 or k < 1 or count != -(-n // k):
+            raise FormatError(f"{path}: corrupt framed chunk header: {n} items, {k} a frame, {count} frames")
+        self.offsets = view(path, data, 24, "<u4", n + 1, "the item offsets").astype(np.int64)
+        frames = view(path, data, 24 + 4 * (n + 1), _FRAME, count, "the frame table")
+        table_end = 24 + 4 * (n + 1) + _FRAME.itemsize * count
+        first = frames["first"].astype(np.int64)
+        size = frames["items"].astype(np.int64)
+        at = frames["at"].astype(np.int64)
+        ends = at + frames["compressed"].astype(np.int64)
+        starts = np.arange(count, dtype=np.int64) * k
+        lo, hi = np.clip(first, 0, n), np.clip(first + size, 0, n)  # a damaged table indexes nothing outside
+        wrong = np.flatnonzero(
+            (first != starts)
+            | (size != np.minimum(k, n - starts))
+            | (at < table_end)
+            | (ends > len(data))
+            | (frames["inflated"].astype(np.int64) != self.offsets[hi] - self.offsets[lo])
+        )
+        if len(wrong):
+            i = int(wrong[0])
+            raise FormatError(
+                f"{path}: corrupt framed chunk: frame {i} (items {int(first[i])}..{int(first[i] + size[i])}, "
+                f"bytes {int(at[i])}..{int(ends[i])} of {len(data)}) does not fit its header"
+            )
+        check_offsets(path, self.offsets, 0, int(self.offsets[-1]), "item")
+        self._frames, self._k = frames, k
+        self._done = np.zeros(count, dtype=bool)
+        self._failed: dict[int, str] = {}
+        self._raw, self.data = data, np.empty(int(self.offsets[-1]), dtype=np.uint8)
+        self.rows = n
+
+    def _inflate(self, compressed: np.ndarray, size: int | None) -> np.ndarray:
+        """One zstd frame's bytes, checked whole: complete, nothing after it, ``size`` bytes."""
+        if self._zstd is None:
+            import zstandard
+
+            self._zstd = zstandard.ZstdDecompressor()
+        frame = self._zstd.decompressobj()
+        out = frame.decompress(compressed.tobytes())
+        if not frame.eof:
+            raise ValueError("its zstd frame is cut short")
+        if frame.unused_data:
+            raise ValueError(f"{len(frame.unused_data)} bytes follow its zstd frame")
+        if size is not None and len(out) != size:
+            raise ValueError(f"its zstd frame holds {len(out)} bytes, not {size}")
+        return np.frombuffer(out, dtype=np.uint8)
+
+    def item(self, row: int) -> np.ndarray:
+        """The bytes of item ``row``; a ValueError (or zstd's error) if they do not decompress."""
+        a, z = int(self.offsets[row]), int(self.offsets[row + 1])
+        if self._sample:
+            return self._inflate(self.data[a:z], None)
+        if self._frames is not None:
+            i = row // self._k
+            if not self._done[i]:
+                self._frame(i)
+        return self.data[a:z]
+
+    def _frame(self, i: int) -> None:
+        frames = self._frames
+        assert frames is not None
+        first, items = int(frames["first"][i]), int(frames["items"][i])
+        if i not in self._failed:
+            at, end = int(frames["at"][i]), int(frames["at"][i]) + int(frames["compressed"][i])
+            lo, hi = int(self.offsets[first]), int(self.offsets[first + items])
+            try:
+                self.data[lo:hi] = self._inflate(self._raw[at:end], hi - lo)
+                self._done[i] = True
+                return
+            except data_errors() as exc:
+                self._failed[i] = f"{exc}"
+        raise ValueError(f"zstd frame {i} (items {first}..{first + items}) does not decompress: {self._failed[i]}")
 
 
 def _array(data: np.ndarray, dtype: str) -> np.ndarray:
@@ -263,8 +411,7 @@ class LitdataReader:
         return tuple(children) if kind == "builtins.tuple" else children
 
     def _item(self, row: int) -> Any:
-        a, z = int(self._chunk.offsets[row]), int(self._chunk.offsets[row + 1])
-        item = self._chunk.data[a:z]
+        item = self._chunk.item(row)
         if self._tokens:
             return {"input_ids": self._leaf(self._formats[0], item)}
         count = len(self._formats)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tidal.formats import Errors, check_columns
+from tidal.formats import Errors, check_columns, in_order
 from tidal.sources.discover import open_shards
 from tidal.sources.hf_datasets import resolve as resolve_hf
 from tidal.sources.shards import Shard, Shards
@@ -106,7 +106,8 @@ def resolve_source(
     if isinstance(columns, str):
         columns = [columns]
     settings = storage or Storage()
-    src, fmt, columns, held = resolve_hf(src, format, columns)
+    src, columns = in_order(src, columns)  # save_to_disk and LitData directories: their files, in their order
+    src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
     indexed = False
     if held is not None:  # an in-memory table's shards
         shards = Shards.of(Shard(**fields) for fields in held)

@@ -15,6 +15,8 @@
   data, on disk or on the Hub): tidal reads those files directly. One made by a generator or
   a loading script, or that applies ``map``, ``filter``, ``shuffle``, ``take``... is refused with
   what to do instead (the same steps as tidal's own ``.map()``, ``.filter()``, ``.shuffle()``).
+- (a directory written by ``save_to_disk`` is a directory that lists its own files, read in
+  their order before anything here: see :mod:`tidal.formats.hf_saved`.)
 - ``hf://datasets/org/name[@revision][/path]`` URLs, through fsspec's ``HfFileSystem``
   (``pip install 'tidal[hf]'``); ``@~parquet`` names the Hub's Parquet conversion of a repo
   (the ``refs/convert/parquet`` branch), e.g. ``hf://datasets/org/name@~parquet/default/train``.
@@ -130,7 +132,7 @@ def _check_files(ds: Any, files: list[str], wanted: list[str], what: str) -> Non
         raise SourceError(
             f"{what} differs from its Arrow cache files ({why}: columns renamed, cast or added, or datasets "
             "concatenated in memory, without a new file): save it with ds.save_to_disk(DIR) and read "
-            "tidal.Dataset('DIR/*.arrow')"
+            "tidal.Dataset('DIR')"
         )
 
 

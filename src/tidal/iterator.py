@@ -42,6 +42,7 @@ class DatasetIterator(Iterator[Any]):
         where: str = "state",
     ):
         self.world = world
+        self.stage = stage
         self._fingerprint = fingerprint
         position: View | None = None
         within = 0

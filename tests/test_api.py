@@ -53,6 +53,10 @@ SUBMODULES = {
     "tidal.storage": ["Retry", "Storage", "is_remote", "parse_size"],
     "tidal.jax": ["Loader", "data_sharding"],
     "tidal.hf": ["TidalTrainer", "state_file"],
+    "tidal.integrations": ["hf", "lightning", "prometheus"],
+    "tidal.integrations.hf": ["MetricsCallback", "attach"],
+    "tidal.integrations.lightning": ["MetricsCallback"],
+    "tidal.integrations.prometheus": ["Server", "collector", "serve"],
 }
 
 # Single names the docs point at inside other modules.
@@ -67,13 +71,16 @@ NOT_ON_IMPORT = [
     "gcsfs",
     "huggingface_hub",
     "jax",
+    "lightning",
     "matplotlib",
     "obstore",
     "pandas",
     "PIL",
+    "prometheus_client",
     "pyarrow.csv",
     "pyarrow.dataset",
     "pyarrow.parquet",
+    "pytorch_lightning",
     "ray",
     "s3fs",
     "tokenizers",

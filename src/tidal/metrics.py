@@ -44,8 +44,17 @@ weight it draws with now."""
 Mark = tuple[int, int, Streams | None]
 """What a batch holds: records (rows), tokens (non-padding), and the reader's streams after it."""
 
-# reader counters metrics() reports under their own names (0 where a reader has none, as local files have no retries)
-READER_COUNTERS = ("bytes_read", "rows_read", "skipped", "bad_files", "bytes_downloaded", "retries", "cache_hits", "cache_misses")
+# the readers' counters metrics() reports under their own names (0 where no reader has one: local files, no retries)
+READER_COUNTERS = [
+    "bytes_read",
+    "rows_read",
+    "skipped",
+    "bad_files",
+    "bytes_downloaded",
+    "retries",
+    "cache_hits",
+    "cache_misses",
+]
 
 
 def _main_line(stage: Stage) -> list[Stage]:

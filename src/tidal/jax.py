@@ -138,7 +138,6 @@ class Loader:
         ranks = self._ranks()
         self._ledger.restore(ranks)
         self._meter.new_pass()
-        self._meter.ranks = ranks.world_size
         together = ranks.world_size > 1 and jax.process_count() > 1 and self.dataset.may_end_unevenly()
         running = LoaderIterator(self, ranks, together)
         self._running = weakref.ref(running)

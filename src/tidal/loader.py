@@ -318,7 +318,6 @@ class DataLoader(torch.utils.data.DataLoader):
         ledger = self._ledger
         ledger.restore(ranks)
         self._meter.new_pass()
-        self._meter.ranks = ranks.world_size
         self._stream.ranks = ranks
         self._stream.states = ledger.readers
         self._stream.first_epoch = ledger.first_epoch()

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-try:
-    from lightning.pytorch import Callback
-except ImportError:  # the standalone package
-    from pytorch_lightning import Callback  # type: ignore[no-redef]
+from lightning.pytorch import Callback
 
 from tidal.integrations import find_loader, prefixed
 

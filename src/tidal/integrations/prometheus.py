@@ -21,7 +21,8 @@ from tidal.errors import needs
 from tidal.world import World
 
 _client = needs("prometheus_client", "tidal.integrations.prometheus", "prometheus")
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric  # noqa: E402
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
+from prometheus_client.metrics_core import Metric  # noqa: E402
 from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
 
 __all__ = ["Server", "collector", "serve"]
@@ -43,7 +44,7 @@ class LoaderCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         metrics = self.loader.metrics()
-        streams: dict[str, Metric] = {}
+        streams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for key, value in metrics.items():
             what, _, stream = key.partition("/")
             if stream:

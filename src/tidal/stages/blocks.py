@@ -178,8 +178,8 @@ class BlockReader:
         shards = self._plan.shards
         for (s, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
             self.rows_read += z - a
-            size, rows = int(shards.bytes[s]), max(1, int(shards.rows[s]))
-            self.bytes_read += size * z // rows - size * a // rows  # slices of a whole file add up to its size
+            size, n = int(shards.bytes[s]), max(1, int(shards.rows[s]))
+            self.bytes_read += size * z // n - size * a // n  # slices of a whole file add up to its size
             if length(piece.table):
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
             if piece.valid is None or piece.valid.any():

@@ -4,9 +4,9 @@
 >>> trainer = L.Trainer(callbacks=[MetricsCallback()], logger=CSVLogger("logs"))
 >>> trainer.fit(model, tidal.DataLoader(ds, num_workers=4))   # data/tokens, data/data_wait_share, ... logged
 
-After every training batch, :class:`MetricsCallback` logs ``loader.metrics()``, each key under
-``prefix``, with ``pl_module.log_dict(..., on_step=True, on_epoch=False)``: the trainer's loggers
-write them at its ``log_every_n_steps``, beside the loss. The loader is the one given, or else
+After each training batch whose logs the trainer writes (every ``log_every_n_steps``),
+:class:`MetricsCallback` logs ``loader.metrics()``, each key under ``prefix``, with
+``pl_module.log_dict(..., on_step=True, on_epoch=False)``: beside the loss, in every logger. The loader is the one given, or else
 the tidal loader among the trainer's training loaders. Lightning fetches one batch ahead of the
 step it trains (to know the last one), so ``data/batches`` runs one ahead of ``global_step``.
 """
@@ -23,13 +23,16 @@ __all__ = ["MetricsCallback"]
 
 
 class MetricsCallback(Callback):
-    """Logs ``loader.metrics()`` with ``pl_module.log_dict`` after every training batch."""
+    """Logs ``loader.metrics()`` with ``pl_module.log_dict`` at the training steps the loggers write."""
 
     def __init__(self, loader: Any = None, prefix: str = "data/"):
         self.loader = loader
         self.prefix = prefix
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        connector = getattr(trainer, "_logger_connector", None)  # whether this step's logs are written
+        if connector is not None and not getattr(connector, "should_update_logs", True):
+            return  # not a step the loggers write: metrics() and log_dict would cost for nothing
         loader = self.loader if self.loader is not None else find_loader(trainer.train_dataloader)
         if loader is None:
             return

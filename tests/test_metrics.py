@@ -190,3 +190,48 @@ def test_the_jax_loader_counts_as_the_torch_loader(docs: Path, workers: int, wor
     assert {k: torch_loader.metrics()[k] for k in ("batches", "records", "tokens")} == {
         k: m[k] for k in ("batches", "records", "tokens")
     }
+
+
+def test_remote_reads_count_downloads_then_cache_hits(tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import shutil
+    import threading
+
+    from conftest import make_shards
+
+    from tidal.storage import Retry, Storage
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    data = make_shards(tmp_path / "data", [10, 20, 5, 17])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data)))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        settings = Storage(cache_dir=str(tmp_path / "cache"), retry=Retry(backoff=0.01), timeout=5)
+        ds = tidal.Dataset(f"http://127.0.0.1:{server.server_address[1]}/", storage=settings).batch(4, drop_last=False)
+        shutil.rmtree(tmp_path / "cache" / "shards")  # the shards come over the network once
+        cold = tidal.DataLoader(ds, num_workers=2)
+        assert sum(len(b["id"]) for b in cold) == 52
+        warm = tidal.DataLoader(ds, num_workers=2)
+        list(warm)
+    finally:
+        server.shutdown()
+        server.server_close()
+    files = sum(f.stat().st_size for f in data.glob("part-*"))
+    c, w = cold.metrics(), warm.metrics()
+    assert c["records"] == w["records"] == 52 and c["retries"] == 0
+    assert c["bytes_downloaded"] == files and c["cache_hits"] < 4 <= c["cache_misses"] + c["cache_hits"]
+    assert w["bytes_downloaded"] == 0 and w["cache_hits"] >= 4  # every shard, from the cache
+    assert c["bytes_read"] == w["bytes_read"] > 0
+
+
+def test_continuous_rows_over_two_workers_count_every_row_once(docs: Path) -> None:
+    ds = tidal.Dataset(docs).tokenize(word_tokenizer(), eos="<eos>").pack(8).batch(4, continuous=True)
+    ld = tidal.DataLoader(ds, num_workers=2)  # each batch: 2 rows of each worker, side by side
+    got = list(itertools.islice(ld, 10))
+    m = ld.metrics()
+    assert (m["batches"], m["records"]) == (10, 40) and all(len(b["input_ids"]) == 4 for b in got)
+    assert m["tokens"] == sum(int((b["segment_ids"] != 0).sum()) for b in got)

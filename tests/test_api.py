@@ -54,6 +54,10 @@ SUBMODULES = {
     "tidal.jax": ["Loader", "data_sharding"],
     "tidal.hf": ["TidalTrainer", "state_file"],
     "tidal.sources": ["Resolved", "resolve_source", "storage_settings"],
+    "tidal.integrations": ["hf", "lightning", "prometheus"],
+    "tidal.integrations.hf": ["MetricsCallback", "attach"],
+    "tidal.integrations.lightning": ["MetricsCallback"],
+    "tidal.integrations.prometheus": ["Server", "collector", "serve"],
 }
 
 # Single names the docs point at inside other modules.
@@ -68,13 +72,16 @@ NOT_ON_IMPORT = [
     "gcsfs",
     "huggingface_hub",
     "jax",
+    "lightning",
     "matplotlib",
     "obstore",
     "pandas",
     "PIL",
+    "prometheus_client",
     "pyarrow.csv",
     "pyarrow.dataset",
     "pyarrow.parquet",
+    "pytorch_lightning",
     "ray",
     "s3fs",
     "tokenizers",

@@ -33,6 +33,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 NOT_RUN = "# not run:"
 
+# Lightning (the metrics page's example) calls a torch pytree API that torch deprecates: theirs to fix
+pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+
 
 def blocks(kind: str) -> list[tuple[str, str]]:
     """``(name, code)`` of every block of ``kind`` in the pages, named ``page:line``."""

@@ -62,7 +62,8 @@ def __getattr__(name: str) -> Any:
         from tidal.loader import DataLoader
 
         return DataLoader
-    if name in ("jax", "testing"):  # tidal.jax imports JAX: only when asked for; tidal.testing, the checks
+    # tidal.jax imports JAX: only when asked for; tidal.testing, the checks; tidal.integrations, the callbacks
+    if name in ("jax", "testing", "integrations"):
         import importlib
 
         return importlib.import_module(f"tidal.{name}")

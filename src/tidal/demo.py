@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -142,6 +141,7 @@ def train(base: Path, start: int, stop: int, save_at: int | None, desc: str) -> 
     from tqdm import tqdm
 
     import tidal
+    from tidal.progress import loader_postfix
 
     torch.set_num_threads(1)  # a core for training, the other for the 2 data workers
     net = model()
@@ -152,24 +152,18 @@ def train(base: Path, start: int, stop: int, save_at: int | None, desc: str) -> 
         net.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         loader.load_state_dict(json.loads((base / f"checkpoint-{start}" / "data.json").read_text()))
-    digests, waited, began = [], 0.0, time.perf_counter()
+    digests = []
     bar = tqdm(total=stop - start, desc=desc, unit="step", dynamic_ncols=True)
     batches = iter(loader)
     for step in range(start, stop):
-        t0 = time.perf_counter()
         batch = next(batches)
-        waited += time.perf_counter() - t0
         digests.append(digest(batch))
         logits = net(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), batch["labels"].view(-1), ignore_index=-100)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        elapsed = time.perf_counter() - began
-        tokens = (step - start + 1) * BATCH * SEQ_LEN
-        bar.set_postfix(
-            loss=f"{loss.item():.3f}", tok_s=f"{tokens / elapsed:,.0f}", data_wait=f"{waited / elapsed:.1%}"
-        )
+        bar.set_postfix(loss=f"{loss.item():.3f}", **loader_postfix(loader.metrics()))  # tokens/s, data wait
         bar.update()
         if save_at is not None and step + 1 == save_at:
             folder = base / f"checkpoint-{save_at}"

@@ -42,10 +42,12 @@ class DatasetIterator(Iterator[Any]):
         where: str = "state",
     ):
         self.world = world
+        self.stage = stage
         self._fingerprint = fingerprint
         position: View | None = None
         within = 0
         self.items = 0
+        self.stats_at_state: dict | None = None  # the chain's counters when state() was last called
         if state is not None:
             view = View(state, where)
             check_dataset(view, fingerprint)
@@ -116,7 +118,8 @@ class DatasetIterator(Iterator[Any]):
         return state
 
     def _passed(self) -> int:
-        passed = self._top.stats().get("passed", 0)
+        self.stats_at_state = stats = self._top.stats()  # kept for the batch's mark (tidal.metrics.Marker)
+        passed = stats.get("passed", 0)
         if self._at < len(self._chunk) and self._top.exact:
             passed -= len(self._chunk) - self._at  # the chunk's items not yet yielded
         return int(passed)

@@ -29,6 +29,7 @@ This module needs JAX, not torch, and is imported only when used.
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from collections.abc import Generator, Iterator
 from types import TracebackType
@@ -41,6 +42,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, TidalError
+from tidal.metrics import Meter
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
 from tidal.state.ledger import Ledger
@@ -126,6 +128,7 @@ class Loader:
         self._prefetch = prefetch
         self._ledger = Ledger(dataset, self._workers, self._ranks)  # what the loop consumed, and the state
         self._running: weakref.ref[LoaderIterator] | None = None  # the pass in progress, while it lives
+        self._meter = Meter(dataset.stage)  # what the loop received, for metrics()
 
     # -- iteration -------------------------------------------------------------------
 
@@ -134,6 +137,7 @@ class Loader:
         self.close()
         ranks = self._ranks()
         self._ledger.restore(ranks)
+        self._meter.new_pass()
         together = ranks.world_size > 1 and jax.process_count() > 1 and self.dataset.may_end_unevenly()
         running = LoaderIterator(self, ranks, together)
         self._running = weakref.ref(running)
@@ -180,6 +184,16 @@ class Loader:
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
 
+    def metrics(self) -> dict[str, float | int]:
+        """This process's metrics as a flat dict of numbers, as :meth:`tidal.DataLoader.metrics`:
+        ``batches``, ``records`` and ``tokens`` this process's loop received, the seconds it
+        waited inside ``next()`` (``data_wait_s``, ``data_wait_share``), the readers' counters,
+        and per mixed stream ``tokens/<name>``, ``records/<name>``, ``weight/<name>``.
+
+        >>> writer.write_scalars(step, loader.metrics())
+        """
+        return self._meter.metrics()
+
     # -- state -----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -223,7 +237,7 @@ class LoaderIterator(Iterator[dict]):
             widen=int32_ids,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
-        made = _made(self._pool, loader._workers, ledger.next_worker, loader._globalize, split)
+        made = _made(self._pool, loader._workers, ledger.next_worker, loader._globalize, split, loader._meter)
         self._source: Ahead[tuple[list, int, dict]] | Generator[tuple[list, int, dict]] = (
             Ahead(made, loader._prefetch, "tidal-jax-prefetch") if loader._prefetch else made
         )
@@ -231,6 +245,8 @@ class LoaderIterator(Iterator[dict]):
     def __next__(self) -> dict:
         if self._done:
             raise StopIteration
+        meter = self._loader._meter
+        asked = meter.start()
         try:
             parts, tokens, batch = next(self._source)
         except StopIteration:
@@ -245,8 +261,9 @@ class LoaderIterator(Iterator[dict]):
             self._end()  # another process ran out: this pass ends here for all
             raise StopIteration
         ledger = self._loader._ledger
-        for i, (w, reader) in enumerate(parts):  # one part, or one of every worker (continuous rows)
+        for i, (w, reader, _) in enumerate(parts):  # one part, or one of every worker (continuous rows)
             ledger.consume(w, reader, tokens if i == 0 else 0, int(i == 0))
+        meter.received([(w, mark) for w, _, mark in parts], time.perf_counter() - asked)
         return batch
 
     def _end(self) -> None:
@@ -263,17 +280,20 @@ class LoaderIterator(Iterator[dict]):
 
 
 def _made(
-    pool: Pool, workers: int, start: int, globalize: Any, split: bool = False
+    pool: Pool, workers: int, start: int, globalize: Any, split: bool = False, meter: Meter | None = None
 ) -> Generator[tuple[list, int, dict]]:
-    """``([(worker, reader state after it)], tokens, global batch)`` in round-robin order; with
+    """``([(worker, reader state after it, mark)], tokens, global batch)`` in round-robin order; with
     ``split`` (continuous rows over several workers), each batch one of every worker's side by side."""
     items = round_robin(pool.fetch, workers, start)
     for group in steps(items, workers) if split else ([item] for item in items):
+        if meter is not None:
+            for w, bundle, _ in group:
+                meter.bundle(w, bundle.stats)
         parts = [bundle.item(j) for _, bundle, j in group]
         batch = side_by_side(parts, np.concatenate) if split else parts[0]
         ids = batch.get("input_ids") if isinstance(batch, dict) else None
         tokens = int(ids.size) if isinstance(ids, np.ndarray) else 0
-        yield [(w, bundle.states[j]) for w, bundle, j in group], tokens, globalize(batch)
+        yield [(w, bundle.states[j], bundle.marks[j]) for w, bundle, j in group], tokens, globalize(batch)
 
 
 def _every_process_has(batch: bool) -> bool:

@@ -37,7 +37,7 @@ from tidal import env
 from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
 from tidal.errors import ArgumentError, TidalError
-from tidal.stages import add_stats
+from tidal.metrics import Mark, Meter
 from tidal.stages.continuous import shared_rows
 from tidal.state import schema
 from tidal.state.ledger import Ledger
@@ -172,16 +172,6 @@ def _every_rank_has(batch: bool) -> bool:
     return bool(flag.item())
 
 
-class _Counts:
-    """What the training loop received: batches, tokens, and the seconds it waited for them."""
-
-    __slots__ = ("batches", "tokens", "waited")
-
-    def __init__(self) -> None:
-        self.batches = self.tokens = 0
-        self.waited = 0.0
-
-
 class DataLoader(torch.utils.data.DataLoader):
     """A torch DataLoader over a tidal :class:`~tidal.Dataset`, with exact, small state.
 
@@ -246,9 +236,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._prefetch = prefetch_to_device
         self._copy_stream: Any = None  # the CUDA stream prefetched batches are copied on
         self._ledger = Ledger(dataset, self._workers)  # what the training loop consumed, and the state
-        self._reader_stats: dict[int, dict] = {}  # each reader's counters, from its latest bundle
-        self._counts = _Counts()  # not attributes of the loader: torch's __setattr__ costs a µs each
-        self._started: float | None = None
+        self._meter = Meter(dataset.stage)  # what the loop received, for metrics() and stats()
         self._log_every = log_every
         self._logged = 0.0
         self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
@@ -275,22 +263,34 @@ class DataLoader(torch.utils.data.DataLoader):
 
         >>> loader.stats()["wait_share"]    # 0.02: the loop waited on data 2% of the time
         """
-        seconds = time.perf_counter() - self._started if self._started is not None else 0.0
-        counts = self._counts
+        meter = self._meter
+        seconds = meter.seconds()
         out: dict[str, Any] = {
-            "batches": counts.batches,
-            "tokens": counts.tokens,
+            "batches": meter.batches,
+            "tokens": meter.tokens,
             "seconds": round(seconds, 3),
-            "batches_per_s": counts.batches / seconds if seconds else 0.0,
-            "tokens_per_s": counts.tokens / seconds if seconds else 0.0,
-            "wait_s": round(counts.waited, 3),
-            "wait_share": counts.waited / seconds if seconds else 0.0,
+            "batches_per_s": meter.batches / seconds if seconds else 0.0,
+            "tokens_per_s": meter.tokens / seconds if seconds else 0.0,
+            "wait_s": round(meter.wait_s, 3),
+            "wait_share": meter.wait_s / seconds if seconds else 0.0,
         }
-        readers = add_stats(*self._reader_stats.values())
-        for internal in ("passed", "items"):  # positions, and items read ahead of the loop: not what it consumed
+        readers = meter.readers()
+        for internal in ("passed", "items", "weights_in_force"):  # positions, items read ahead, weights: not counts
             readers.pop(internal, None)
         out.update({k: v for k, v in readers.items() if k not in out})
         return out
+
+    def metrics(self) -> dict[str, float | int]:
+        """This rank's metrics as a flat dict of numbers, for a training log (see :mod:`tidal.metrics`):
+        ``batches``, ``records`` and ``tokens`` (non-padding) the loop received, ``data_wait_s``
+        (seconds it waited inside ``next()``) and ``data_wait_share`` (of the wall time since it
+        first asked), the readers' ``bytes_read``, ``retries``, ``cache_hits``, ``skipped``, and
+        under a mixture ``tokens/<stream>``, ``records/<stream>`` and ``weight/<stream>``.
+        Reading it resets nothing; it counts this process's run (from a resume, not the whole run).
+
+        >>> wandb.log(loader.metrics(), step=step)
+        """
+        return self._meter.metrics()
 
     def state_dict(self) -> dict:
         """What the training loop has consumed, on every rank: small, JSON-able, topology-free.
@@ -317,6 +317,7 @@ class DataLoader(torch.utils.data.DataLoader):
         ranks = World.ranks()
         ledger = self._ledger
         ledger.restore(ranks)
+        self._meter.new_pass()
         self._stream.ranks = ranks
         self._stream.states = ledger.readers
         self._stream.first_epoch = ledger.first_epoch()
@@ -365,23 +366,25 @@ class DataLoader(torch.utils.data.DataLoader):
         ahead = self._prefetch > 0
         ledger = self._ledger
         made = self._make(bundles, n, ledger.next_worker, device if ahead else None)
-        source: Iterator[tuple[int, dict, int, Any, Any]] = (
+        source: Iterator[tuple[int, dict, int, Any, Any, Mark]] = (
             Ahead(made, self._prefetch, "tidal-prefetch-to-device") if ahead else made
         )
         stopped = False
         parts: list[Any] = []  # continuous rows over several workers: this step's part of each
         clock = time.perf_counter
-        counts = self._counts
+        meter = self._meter
         close = _close  # held here: a generator dropped at interpreter exit runs after module globals are gone
+        if meter.started is None:
+            self._logged = meter.start()
         asked = clock()  # when the training loop last asked for a batch
-        if self._started is None:
-            self._started = self._logged = asked
+        marks: list[tuple[int, Mark]] = []  # what the batch (or each worker's part of it) holds
         try:
-            for w, reader, tokens, item, copied in source:
+            for w, reader, tokens, item, copied, mark in source:
                 if self._split and w != len(parts):
                     break  # a worker ended: no whole step is left (see tidal.transport.bundles.steps)
                 batches = int(not self._split or w == n - 1)
                 ledger.consume(w, reader, tokens, batches)
+                marks.append((w, mark))
                 if ahead:
                     item = arrived(item, copied, device)
                 else:
@@ -394,9 +397,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 if together and not _every_rank_has(True):
                     stopped = True  # another rank ran out: this pass ends here for all (what this
                     break  # one consumed of it does not count: a pass's end starts the next afresh)
-                counts.batches += 1
-                counts.tokens += tokens
-                counts.waited += clock() - asked
+                meter.received(marks, clock() - asked)
+                marks = []
                 yield item
                 asked = clock()
                 if self._log_every is not None and asked - self._logged >= self._log_every:
@@ -427,9 +429,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _make(
         self, bundles: Iterator[Bundle], n: int, start: int, device: torch.device | None
-    ) -> Iterator[tuple[int, dict, int, Any, Any]]:
-        """``(worker, reader state after it, tokens, batch, copy event)`` in round-robin order;
-        with ``device`` (prefetching), the batch is already copied there."""
+    ) -> Iterator[tuple[int, dict, int, Any, Any, Mark]]:
+        """``(worker, reader state after it, tokens, batch, copy event, mark)`` in round-robin
+        order; with ``device`` (prefetching), the batch is already copied there."""
 
         def fetch(_: int) -> Bundle:
             got = next(bundles)
@@ -438,7 +440,7 @@ class DataLoader(torch.utils.data.DataLoader):
             return got
 
         for w, bundle, j in round_robin(fetch, n, start):
-            self._reader_stats[bundle.worker] = bundle.stats
+            self._meter.bundle(bundle.worker, bundle.stats)
             item = bundle.item(j)
             tokens = 0
             if isinstance(item, dict) and isinstance(item.get("input_ids"), torch.Tensor):
@@ -446,7 +448,7 @@ class DataLoader(torch.utils.data.DataLoader):
             copied = None
             if device is not None:
                 item, copied = self._copy(item, device)
-            yield w, bundle.states[j], tokens, item, copied
+            yield w, bundle.states[j], tokens, item, copied, bundle.marks[j]
 
     def _copy(self, item: Any, device: torch.device) -> tuple[Any, Any]:
         """``item`` on ``device``, copied ahead from a background thread (see :func:`copied_ahead`)."""

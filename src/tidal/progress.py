@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -31,3 +32,16 @@ class Bar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def loader_postfix(metrics: Mapping[str, float]) -> dict[str, str]:
+    """What a training bar shows of ``loader.metrics()``: tokens (or batches) per second and the
+    share of the time the loop waited on data."""
+    seconds = metrics.get("seconds", 0.0)
+    out = {}
+    if metrics.get("tokens"):
+        out["tok_s"] = f"{metrics.get('tokens_per_s', 0.0):,.0f}"
+    elif seconds:
+        out["batch_s"] = f"{metrics.get('batches', 0) / seconds:,.1f}"
+    out["data_wait"] = f"{metrics.get('data_wait_share', 0.0):.1%}"
+    return out

@@ -292,6 +292,10 @@ class Stage(ABC):
         """Whether the labels this stage makes are already shifted by one (packing's default)."""
         return False
 
+    def first_weights(self) -> dict[str, float]:
+        """A mixture's weights by stream when it starts drawing, normalized; empty for others."""
+        return {}
+
     def record_wise(self) -> bool:
         """Whether this stage gives records (not batches, packed rows or a mixture): what a
         conversion can write."""

@@ -135,6 +135,7 @@ class BlockReader:
         self._block_index = -1
         self._block: Block | None = None
         self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
+        self.bytes_read = 0  # their bytes: each file's bytes in proportion to the rows read of it
         self.skipped = 0  # bad records of this reader's share dropped under errors="skip"
         self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
@@ -174,8 +175,11 @@ class BlockReader:
         owned = self._policy.owns = Owned(self, order, b, slices, perm)  # bad records: this reader's only
         tables, masks, any_skipped = [], [], False
         absent: dict[str, str] | None = None  # columns asked for that no record of the block has so far
-        for (_, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
+        shards = self._plan.shards
+        for (s, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
             self.rows_read += z - a
+            size, n = int(shards.bytes[s]), max(1, int(shards.rows[s]))
+            self.bytes_read += size * z // n - size * a // n  # slices of a whole file add up to its size
             if length(piece.table):
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
             if piece.valid is None or piece.valid.any():

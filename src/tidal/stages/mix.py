@@ -139,6 +139,9 @@ class Mix(Stage):
     def upstreams(self) -> tuple[Stage, ...]:
         return tuple(s for _, s in self.streams)
 
+    def first_weights(self) -> dict[str, float]:
+        return weights_at(self, 0, 1)
+
     def to_config(self) -> dict:
         names = [n for n, _ in self.streams]
         out: dict[str, Any] = {"streams": {n: s.to_config() for n, s in self.streams}}
@@ -230,6 +233,21 @@ def mix(
         total = sum(w)
         return Mix(streams, None, tuple(round(epoch_size * x / total) for x in w), seed, stop)
     return Mix(streams, tuple(w), None, seed, stop)
+
+
+def weights_at(mix: Mix, k: int, consumers: int) -> dict[str, float]:
+    """The weights, normalized, a reader of ``consumers`` draws its draw ``k`` with (counts as
+    proportions; a schedule at the start of the draw's block, as :meth:`MixIterator._choices`)."""
+    names = [n for n, _ in mix.streams]
+    if mix.counts is not None:
+        values = [float(c) for c in mix.counts]
+    elif isinstance(mix.weights, Schedule):
+        at = mix.weights((k // BLOCK) * BLOCK * consumers)
+        values = [float(at[n]) for n in names]
+    else:
+        values = [float(w) for w in mix.weights or ()]
+    total = sum(values)
+    return {n: v / total if total else 0.0 for n, v in zip(names, values, strict=True)}
 
 
 def _check_count(name: str, stream: Stage, count: int, size: int) -> None:
@@ -377,8 +395,16 @@ class MixIterator(StageIterator):
             out.update(s.used())
         return out
 
+    def weights_now(self) -> dict[str, float]:
+        """The weight each stream is drawn with at the next draw, normalized."""
+        return weights_at(self._mix, self._k, self._world.consumers)
+
     def stats(self) -> dict:
-        mine = {"records_per_stream": dict(self.drawn), "tokens_per_stream": dict(self.tokens)}
+        mine = {
+            "records_per_stream": dict(self.drawn),
+            "tokens_per_stream": dict(self.tokens),
+            "weights_in_force": self.weights_now(),
+        }
         return add_stats(*(s.stats() for s in self._streams.values()), mine)
 
     def close(self) -> None:

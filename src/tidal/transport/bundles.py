@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import ArgumentError
+from tidal.metrics import Mark, Marker
 from tidal.stages import Stage, walk
 from tidal.state import keys as k
 
@@ -116,6 +117,7 @@ class Bundle:
     def __init__(self, worker: int, items: list[Any], states: list[dict], end: bool, pack: bool, widen: Widen):
         self.worker, self.states, self.end = worker, states, end
         self.stats: dict = {}  # the reader's counters when the bundle was made
+        self.marks: list[Mark] = []  # what each item holds, for the loader's metrics (tidal.metrics)
         self.columns: dict[str, Any] | None = None
         self.items: list[Any] | None = None
         first = items[0] if items else None
@@ -177,10 +179,12 @@ def bundles(
     if max_size is None:
         max_size = MAX_BUNDLE if pack else MAX_LOCAL_BUNDLE
     clock = time.perf_counter
+    mark = Marker(it)
     try:
         while True:
             items: list[Any] = []
             states: list[dict] = []
+            marks: list[Mark] = []
             total = 0
             began = clock()
             for item in it:
@@ -188,22 +192,25 @@ def bundles(
                 state = it.state()
                 state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
                 states.append(state)
+                marks.append(mark(item))
                 if pack:  # the bytes bound a message to another process; in this one nothing is copied
                     total += nbytes(item)
                 if len(items) >= size or total >= max_bytes or clock() - began >= MAX_BUNDLE_SECONDS:
                     break
             else:
-                yield _stamped(kind(worker, items, states, end=True, pack=pack, widen=widen), it)
+                yield _stamped(kind(worker, items, states, end=True, pack=pack, widen=widen), it, marks)
                 return
-            yield _stamped(kind(worker, items, states, end=False, pack=pack, widen=widen), it)
+            yield _stamped(kind(worker, items, states, end=False, pack=pack, widen=widen), it, marks)
             size = min(2 * size, max_size)
     finally:
         it.close()
 
 
-def _stamped(bundle: Bundle, it: Any) -> Bundle:
-    """The bundle, with its reader's counters as they stand (rows read, skipped, downloads, ...)."""
+def _stamped(bundle: Bundle, it: Any, marks: list[Mark]) -> Bundle:
+    """The bundle, with its reader's counters as they stand (rows read, skipped, downloads, ...)
+    and what each of its items holds."""
     bundle.stats = it.stats()
+    bundle.marks = marks
     return bundle
 
 

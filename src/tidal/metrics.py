@@ -1,0 +1,211 @@
+"""A loader's metrics: flat numbers for where training logs go (``loader.metrics()``).
+
+Two halves, one on each side of the transport:
+
+- in the reader (a worker process, a thread, or the training process with no workers),
+  :class:`Marker` marks every batch as it is bundled (:mod:`tidal.transport.bundles`): its
+  records (rows), its tokens (``input_ids`` less padding) and, under a mixture, the records
+  and tokens each stream has given so far. A mark is three numbers and a small dict, made
+  from the batch's numpy arrays: the training process never looks inside a batch to count.
+- in the training process, :class:`Meter` adds up the marks of the batches the training
+  loop *received* (batches read ahead, in a bundle, a queue or a prefetch thread, count when
+  they reach the loop), the seconds the loop waited inside the loader's ``__next__``, and the
+  readers' own counters (bytes, retries, cache hits, skipped records) as of each reader's
+  latest bundle.
+
+So the counts are the same with 0 workers or with any number, fork or spawn: ``records`` is
+the rows of the batches the loop got, ``batches`` the batches it got, ``tokens`` their
+non-padding tokens. The readers' I/O counters (``bytes_read``, ``retries``, ``cache_hits``)
+are what the readers did, which runs ahead of the loop by the batches in flight.
+
+Metrics describe this process's run of a loader: they start at zero when the loader is made
+and are never reset by reading them, by a new pass over the loader or by
+``load_state_dict()`` (a resumed run counts from where it resumed; the state's own counts say
+how far the whole run has gone). This module imports neither torch nor JAX.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tidal.stages import add_stats
+
+if TYPE_CHECKING:
+    from tidal.iterator import DatasetIterator
+    from tidal.stages import Stage
+
+Streams = tuple[dict[str, int], dict[str, int], dict[str, float]]
+"""Per mixed stream, the records and the tokens a reader's mixture has drawn so far, and the
+weight it draws with now."""
+
+Mark = tuple[int, int, Streams | None]
+"""What a batch holds: records (rows), tokens (non-padding), and the reader's streams after it."""
+
+# the readers' counters metrics() reports under their own names (0 where no reader has one: local files, no retries)
+READER_COUNTERS = [
+    "bytes_read",
+    "rows_read",
+    "skipped",
+    "bad_files",
+    "bytes_downloaded",
+    "retries",
+    "cache_hits",
+    "cache_misses",
+]
+
+
+def _main_line(stage: Stage) -> list[Stage]:
+    """The stages of a chain down to its source or mixture (not into the mixed streams)."""
+    line = [stage]
+    while len(ups := line[-1].upstreams()) == 1:
+        line.append(ups[0])
+    return line
+
+
+def records_of(item: Any, batched: bool) -> int:
+    """Records an item holds: the rows of a batch, else one."""
+    if not batched:
+        return 1
+    values = item.values() if isinstance(item, dict) else [item]
+    for value in values:
+        try:
+            return len(value)
+        except TypeError:  # a scalar column
+            continue
+    return 0
+
+
+def tokens_of(item: Any) -> int:
+    """Non-padding tokens of an item's ``input_ids``: packed rows count where ``segment_ids`` is
+    not 0 (padding), a list of documents their lengths, an array its size."""
+    if not isinstance(item, dict):
+        return 0
+    ids = item.get("input_ids")
+    if isinstance(ids, np.ndarray):
+        segments = item.get("segment_ids")
+        if isinstance(segments, np.ndarray) and segments.shape == ids.shape:
+            return int(np.count_nonzero(segments))
+        return int(ids.size)
+    if isinstance(ids, list):
+        return sum(len(x) for x in ids if isinstance(x, (np.ndarray, list)))
+    return 0
+
+
+class Marker:
+    """Marks each item of a reader (``it``) with what it holds: see :data:`Mark`. Called right
+    after ``it.state()``, it takes the chain's counters that call read, instead of reading them again."""
+
+    def __init__(self, it: DatasetIterator):
+        self._it = it
+        self._batched = any(s.batch_size() is not None for s in _main_line(it.stage))
+        self._mixed: bool | None = None  # whether the reader's stats have streams (known at the first item)
+
+    def __call__(self, item: Any) -> Mark:
+        streams: Streams | None = None
+        if self._mixed is not False:
+            stats = self._it.stats_at_state or self._it.stats()  # called right after state(): its counters
+            self._mixed = "tokens_per_stream" in stats
+            if self._mixed:
+                streams = (stats["records_per_stream"], stats["tokens_per_stream"], stats["weights_in_force"])
+        return records_of(item, self._batched), tokens_of(item), streams
+
+
+def _first_weights(stage: Stage) -> dict[str, float]:
+    """The weights a mixture on the main line of ``stage`` starts drawing with, by stream."""
+    for s in _main_line(stage):
+        weights = s.first_weights()
+        if weights:
+            return weights
+    return {}
+
+
+class Meter:
+    """The training process's side: what the loop received, and the readers' counters.
+
+    ``received(parts, waited)`` for every batch the loop received and the seconds it waited
+    for it; ``bundle(worker, stats)`` for each bundle's reader counters; ``new_pass()`` when
+    readers start afresh; :meth:`metrics` reads it all. Under a mixture, the weights are those
+    the reader of the last batch received draws with (the mixture's first ones before any).
+    """
+
+    def __init__(self, stage: Stage):
+        self.batches = self.records = self.tokens = 0
+        self.wait_s = 0.0
+        self.started: float | None = None  # when the loop first asked for a batch
+        self._weights = _first_weights(stage)  # per stream, the weight in force (empty: no mixture)
+        self._readers: dict[int, dict] = {}  # per reader, its counters in its latest bundle (this pass)
+        self._streams: dict[int, Streams] = {}  # per reader, its streams after the last batch the loop got
+        self._before: dict = {}  # readers' counters of earlier passes
+        self._streams_before: tuple[dict[str, int], dict[str, int]] = ({}, {})
+
+    def start(self) -> float:
+        """The clock, now; the first call starts the wall time ``data_wait_share`` divides by."""
+        now = time.perf_counter()
+        if self.started is None:
+            self.started = now
+        return now
+
+    def bundle(self, worker: int, stats: dict) -> None:
+        self._readers[worker] = stats
+
+    def received(self, parts: list[tuple[int, Mark]], waited: float) -> None:
+        """The loop received a batch after waiting ``waited`` seconds for it: ``parts``, the
+        (worker, mark) of the one batch it is, or of each worker's part of it (continuous rows)."""
+        self.batches += 1
+        self.wait_s += waited
+        for worker, (records, tokens, streams) in parts:
+            self.records += records
+            self.tokens += tokens
+            if streams is not None:
+                self._streams[worker] = streams
+                self._weights = streams[2]
+
+    def new_pass(self) -> None:
+        """Readers start afresh (their counters from zero): keep what the last ones counted."""
+        self._before = self.readers()
+        self._streams_before = self._stream_totals()
+        self._readers, self._streams = {}, {}
+
+    def _stream_totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        records, tokens = dict(self._streams_before[0]), dict(self._streams_before[1])
+        for drawn, toks, _ in self._streams.values():
+            for n, v in drawn.items():
+                records[n] = records.get(n, 0) + v
+            for n, v in toks.items():
+                tokens[n] = tokens.get(n, 0) + v
+        return records, tokens
+
+    def readers(self) -> dict:
+        """Every reader's counters summed, earlier passes included."""
+        return add_stats(self._before, *self._readers.values())
+
+    def seconds(self) -> float:
+        """Seconds since the loop first asked for a batch."""
+        return time.perf_counter() - self.started if self.started is not None else 0.0
+
+    def metrics(self) -> dict[str, float | int]:
+        """The flat dict of :meth:`tidal.DataLoader.metrics`."""
+        seconds = self.seconds()
+        readers = self.readers()
+        out: dict[str, float | int] = {
+            "batches": self.batches,
+            "records": self.records,
+            "tokens": self.tokens,
+            "seconds": seconds,
+            "data_wait_s": self.wait_s,
+            "data_wait_share": min(1.0, self.wait_s / seconds) if seconds > 0 else 0.0,
+            "tokens_per_s": self.tokens / seconds if seconds > 0 else 0.0,
+        }
+        for key in READER_COUNTERS:
+            value = readers.get(key, 0)
+            out[key] = value if isinstance(value, (int, float)) else 0
+        if self._weights:
+            records, tokens = self._stream_totals()
+            for name, weight in self._weights.items():
+                out[f"tokens/{name}"] = tokens.get(name, 0)
+                out[f"records/{name}"] = records.get(name, 0)
+                out[f"weight/{name}"] = weight
+        return out

@@ -114,7 +114,9 @@ class Ledger:
             names = self.dataset.stage.mixed_streams()
         except ArgumentError as exc:
             raise StateError(f"{weights.path}: {exc}") from None
-        unknown = sorted(set(weights.data) - set(names or ()))
+        if names is None:
+            raise StateError(f"{weights.path}: this dataset has no mixture (tidal.mix) to weigh")
+        unknown = sorted(set(weights.data) - set(names))
         if unknown:
             raise StateError(f"{weights.where(unknown[0])}: no stream of that name in this dataset's mixture")
 

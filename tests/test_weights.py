@@ -324,3 +324,22 @@ def test_the_jax_loader_sets_weights_and_resumes_exactly(streams, workers, prefe
     assert all(r.startswith("code") for b in run(loader, 6, {}) for r in b)  # nothing read ahead is served
     with pytest.raises(tidal.ArgumentError, match="no stream named 'news'"):
         loader.set_weights({"news": 1.0})
+
+
+@pytest.mark.slow
+def test_every_rank_sets_the_weights_at_the_same_step_or_is_told(tmp_path: Path) -> None:
+    import procs
+
+    stream(tmp_path / "web", "web", 600), stream(tmp_path / "code", "code", 300)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = Path(__file__).parent / "distributed" / "run_weights.py"
+    args = [str(tmp_path / "web" / "web-*.jsonl"), str(tmp_path / "code" / "code-*.jsonl"), str(out)]
+    procs.torchrun(script, *args, nproc=2, env=procs.child_env(tmp_path / "cache"))
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert all(src == "code" for b in r["after"] for src in b)  # from the next batch, on every rank
+        assert r["state"]["weights"] == CODE_ONLY and all(r["state"]["ranks"])
+        assert "different weights on different ranks" in r["errors"][0]
+        assert "different numbers of batches" in r["errors"][1]
+    assert ranks[0]["state"] == ranks[1]["state"]

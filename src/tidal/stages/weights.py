@@ -127,11 +127,6 @@ class Live:
             out.append([[draw, dict(w)] for draw, w in changes[first:]])
         return out
 
-    def current(self) -> dict[str, float] | None:
-        """The weights last set (lane 0's), None where none were."""
-        changes = self._lanes[0][0] if 0 in self._lanes else []
-        return changes[-1][1] if changes else None
-
 
 def _draws(position: Any) -> list[int]:
     """Per lane, the draws of the top mixture in a reader position (a buffering stage's

@@ -406,12 +406,14 @@ class Dataset:
         first_epoch: int = 0,
         origin: dict | None = None,
         where: str = "state",
+        weights: Mapping[str, float] | None = None,
     ) -> DatasetIterator:
         """An iterator over this reader's share, from ``state`` (as saved by one) or the start of
         ``first_epoch``. ``world`` defaults to the topology of the calling process; ``where``
-        is how errors name ``state``."""
+        is how errors name ``state``. ``weights``: the mixture weights a loader set
+        (``loader.set_weights``, a loader state's ``"weights"``), from the next draw on."""
         world = world or World.current()
-        return DatasetIterator(self._stage, self.fingerprint(), world, state, first_epoch, origin, where)
+        return DatasetIterator(self._stage, self.fingerprint(), world, state, first_epoch, origin, where, weights)
 
     def __iter__(self) -> Iterator[Any]:
         it = self.iterator(state=self._resume)

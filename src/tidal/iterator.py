@@ -9,11 +9,12 @@ elsewhere a chunk is one item and ``within`` is 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tidal.errors import StateError
 from tidal.stages import Context, Stage
+from tidal.stages.weights import Live
 from tidal.state import keys as k
 from tidal.state.schema import check_dataset
 from tidal.state.view import View
@@ -40,6 +41,7 @@ class DatasetIterator(Iterator[Any]):
         first_epoch: int,
         origin: dict | None,
         where: str = "state",
+        weights: Mapping[str, float] | None = None,
     ):
         self.world = world
         self.stage = stage
@@ -48,6 +50,7 @@ class DatasetIterator(Iterator[Any]):
         within = 0
         self.items = 0
         self.stats_at_state: dict | None = None  # the chain's counters when state() was last called
+        saved = None
         if state is not None:
             view = View(state, where)
             check_dataset(view, fingerprint)
@@ -61,8 +64,13 @@ class DatasetIterator(Iterator[Any]):
             position = view.view(k.POSITION)
             within = view.integer(k.WITHIN)
             self.items = view.view(k.COUNTS).integer(k.ITEMS)
+            saved = view.get(k.WEIGHTS, None)
         self._origin = origin
-        self._top = stage.open(Context(world, first_epoch, origin), position)
+        self._live = Live(saved, f"{where}['{k.WEIGHTS}']")
+        self._top = stage.open(Context(world, first_epoch, origin, weights=self._live), position)
+        self._live.check_attached()
+        if weights is not None:  # set on the loader: from the next draw past this state on
+            self._live.switch(weights)
         self._chunk_size = self.CHUNK if self._top.exact else 1
         self._chunk: list[Any] = []
         self._at = 0
@@ -115,6 +123,9 @@ class DatasetIterator(Iterator[Any]):
         }
         if self._origin:
             state[k.ORIGIN] = self._origin
+        changes = self._live.saved(position)
+        if changes is not None:
+            state[k.WEIGHTS] = changes
         return state
 
     def _passed(self) -> int:

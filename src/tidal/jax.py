@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -43,8 +43,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, TidalError
 from tidal.metrics import Meter
+from tidal.stages import weights as live
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
+from tidal.state import keys as k
 from tidal.state.ledger import Ledger
 from tidal.transport.bundles import numeric, round_robin, side_by_side, steps
 from tidal.transport.jax import int32_ids
@@ -205,6 +207,16 @@ class Loader:
         """
         return self._ledger.snapshot(_allgather_json if jax.process_count() > 1 else None)
 
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Set the mixture's weights (``{stream: weight}``; streams left out: 0) from the next batch
+        on, kept in ``state_dict()``: as :meth:`tidal.DataLoader.set_weights` (the readers restart
+        from the last batch consumed). Call it on every process at the same step with the same
+        weights; under multi-process JAX this is checked (an all-gather)."""
+        checked = live.for_stage(self.dataset.stage, weights)
+        if jax.process_count() > 1:
+            live.agree(_allgather_json([self._ledger.local[k.COUNTS][k.BATCHES], checked]))
+        self._ledger.set_weights(checked)
+
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
         was saved: batch for batch on the same number of processes and workers, and with no
@@ -223,18 +235,25 @@ class LoaderIterator(Iterator[dict]):
 
     def __init__(self, loader: Loader, ranks: World, together: bool):
         self._loader = loader
+        self._ranks = ranks
         self._together = together
         self._done = False
-        ledger = loader._ledger
+        self._start()
+
+    def _start(self) -> None:
+        """The readers from the ledger's reader states, under the weights set last."""
+        loader, ledger = self._loader, self._loader._ledger
+        self._changes = ledger.changes
         self._pool = Pool(
             loader.dataset,
-            ranks,
+            self._ranks,
             ledger.readers,
             ledger.first_epoch(),
             ledger.origin,
             workers=loader._num_workers,
             worker_type=loader._worker_type,
             widen=int32_ids,
+            weights=ledger.weights,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
         made = _made(self._pool, loader._workers, ledger.next_worker, loader._globalize, split, loader._meter)
@@ -247,6 +266,10 @@ class LoaderIterator(Iterator[dict]):
             raise StopIteration
         meter = self._loader._meter
         asked = meter.start()
+        if self._changes != self._loader._ledger.changes:  # set_weights: read on from what the loop received
+            self._source.close()
+            self._pool.close()
+            self._start()
         try:
             parts, tokens, batch = next(self._source)
         except StopIteration:

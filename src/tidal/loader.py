@@ -16,6 +16,9 @@ and what its ``dataset`` yields to any other loader built around it, are plain b
 With ``prefetch_to_device=N`` the next N batches are made and copied to the device in a
 background thread (from pinned memory, on a side stream, on CUDA); each carries the state
 after it, which counts only when the batch reaches the training loop.
+
+``set_weights`` (a mixture's weights, live) restarts the workers from the state after the
+last batch the loop received, so no batch read ahead under the old weights is served.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import multiprocessing
 import sys
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -38,7 +41,9 @@ from tidal.dataset import Dataset
 from tidal.devices import accelerate_device, arrived, copied_ahead, to_device
 from tidal.errors import ArgumentError, TidalError
 from tidal.metrics import Mark, Meter
+from tidal.stages import weights as live
 from tidal.stages.continuous import shared_rows
+from tidal.state import keys as k
 from tidal.state import schema
 from tidal.state.ledger import Ledger
 from tidal.state.schema import RankState
@@ -65,6 +70,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.states: list[dict | None] = [None]
         self.first_epoch = 0
         self.origin: dict | None = None
+        self.weights: dict | None = None  # set by set_weights
         self.bundled = False
         self.rings: list[str] = []  # each worker's segment of shared memory (tidal.transport.rings); none: the pipe
         self.slots = 0  # slots in each
@@ -75,7 +81,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         world = self.ranks.with_worker(worker, workers)
         state = self.states[worker] if self.bundled and worker < len(self.states) else None
         where = schema.reader_where(world.rank, worker)
-        it = self.dataset.iterator(world, state, self.first_epoch, self.origin if self.bundled else None, where)
+        origin = self.origin if self.bundled else None
+        it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
         if self.bundled:
             return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
         return (as_tensors(item) for item in it)
@@ -303,6 +310,25 @@ class DataLoader(torch.utils.data.DataLoader):
         held = _held_by_lightning(self) * (self._workers if self._split else 1)  # not trained on: not consumed
         return self._ledger.snapshot(_all_gather if _distributed() else None, rewind=held)
 
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Set the mixture's weights (``{stream: weight}``, relative; streams left out: 0), from
+        the next batch the loop gets on. Kept in ``state_dict()``, so a resumed run goes on with them.
+
+        >>> loader.set_weights({"web": 0.5, "code": 0.5})
+
+        The workers restart from the state after the last batch received (batches they read ahead
+        under the old weights are dropped), so the order stays a pure function of the seed, the
+        position and the weights set. Call it on every rank at the same step with the same weights
+        (under ``torch.distributed`` this is checked, as a collective). A dataset without
+        ``tidal.mix``, unknown names, negative or all-zero weights are an :class:`~tidal.ArgumentError`.
+        """
+        checked = live.for_stage(self.tidal_dataset.stage, weights)
+        if _distributed():
+            every: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(every, [self._ledger.local[k.COUNTS][k.BATCHES], checked])
+            live.agree(every)
+        self._ledger.set_weights(checked)
+
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
         was saved: batch for batch on the same topology, and with no record lost or repeated
@@ -319,13 +345,22 @@ class DataLoader(torch.utils.data.DataLoader):
         ledger.restore(ranks)
         self._meter.new_pass()
         self._stream.ranks = ranks
-        self._stream.states = ledger.readers
         self._stream.first_epoch = ledger.first_epoch()
         self._stream.origin = ledger.origin
+        self._check_pickles()
+        changes = ledger.changes
+        bundles = self._start()
+        device = self._device or accelerate_device()
+        together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
+        return self._round_robin(bundles, device, together, changes)
+
+    def _start(self) -> Iterator[Bundle]:
+        """Torch's iterator over the workers, each started from the ledger's reader state."""
+        self._stream.states = self._ledger.readers
+        self._stream.weights = self._ledger.weights
         if self.persistent_workers and getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None  # the workers must start from this state
-        self._check_pickles()
         self._stream.bundled = True  # for the workers (or the main-process reader) started now
         # torch asks a worker for about prefetch_factor results ahead: a ring holds those and one more
         self._stream.slots = (self.prefetch_factor or 2) + 1
@@ -343,9 +378,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._stream.rings = []
         if made:  # the workers' rings live as long as the workers: until torch's iterator goes
             weakref.finalize(bundles, rings.release, made)
-        device = self._device or accelerate_device()
-        together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
-        return self._round_robin(bundles, device, together)
+        return bundles
 
     def _check_pickles(self) -> None:
         """Workers started with spawn or forkserver receive the dataset pickled: say which
@@ -358,9 +391,12 @@ class DataLoader(torch.utils.data.DataLoader):
             return
         check_pickles(self.tidal_dataset.stage, f"DataLoader workers started with {method!r}")
 
-    def _round_robin(self, bundles: Iterator[Bundle], device: torch.device | None, together: bool) -> Iterator[Any]:
+    def _round_robin(
+        self, bundles: Iterator[Bundle], device: torch.device | None, together: bool, changes: int
+    ) -> Iterator[Any]:
         """Batches in worker order. ``together``: ranks end the pass on the same step (one
-        all_reduce per batch: does every rank have one?), so DDP never waits on a rank that ran out."""
+        all_reduce per batch: does every rank have one?), so DDP never waits on a rank that ran out.
+        ``changes``: the weights the workers started with; set again, the workers restart."""
         n = self._workers
         non_blocking = bool(self.pin_memory)
         ahead = self._prefetch > 0
@@ -379,7 +415,18 @@ class DataLoader(torch.utils.data.DataLoader):
         asked = clock()  # when the training loop last asked for a batch
         marks: list[tuple[int, Mark]] = []  # what the batch (or each worker's part of it) holds
         try:
-            for w, reader, tokens, item, copied, mark in source:
+            while True:
+                if ledger.changes != changes:  # set_weights: read on from what the loop received
+                    changes = ledger.changes
+                    close(source)
+                    self._stop_workers(bundles)
+                    bundles = self._start()
+                    made = self._make(bundles, n, ledger.next_worker, device if ahead else None)
+                    source = Ahead(made, self._prefetch, "tidal-prefetch-to-device") if ahead else made
+                try:
+                    w, reader, tokens, item, copied, mark = next(source)
+                except StopIteration:
+                    break
                 if self._split and w != len(parts):
                     break  # a worker ended: no whole step is left (see tidal.transport.bundles.steps)
                 batches = int(not self._split or w == n - 1)

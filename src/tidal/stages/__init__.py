@@ -44,6 +44,7 @@ from tidal.world import World
 
 if TYPE_CHECKING:
     from tidal.stages.read import Read, ReadPlan
+    from tidal.stages.weights import Live
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,15 @@ class Context:
     ``first_epoch``: the epoch a fresh source starts at (each pass over a loader starts the
     next ones). ``origin``: the progress of an elastic restore (see :mod:`tidal.state.elastic`),
     keyed by source key. ``key``: the key of the sources below this stage: ``""`` at the top,
-    ``"web/"`` inside the mixed stream ``web``.
+    ``"web/"`` inside the mixed stream ``web``. ``weights``: the weights set on a running loader,
+    for the top mixture (see :mod:`tidal.stages.weights`).
     """
 
     world: World
     first_epoch: int = 0
     origin: dict | None = None
     key: str = ""
+    weights: Live | None = None
 
 
 class StageIterator(ABC):
@@ -300,6 +303,12 @@ class Stage(ABC):
         """Whether this stage gives records (not batches, packed rows or a mixture): what a
         conversion can write."""
         return False
+
+    def mixed_streams(self) -> list[str] | None:
+        """The streams of the chain's top mixture, whose weights ``loader.set_weights`` sets; None
+        where there is no mixture (an :class:`~tidal.ArgumentError` where its weights cannot be set)."""
+        ups = self.upstreams()
+        return ups[0].mixed_streams() if len(ups) == 1 else None
 
     def to_config(self) -> dict:
         """The chain down from this stage as a pipeline config: ``{"source": ...}`` (or

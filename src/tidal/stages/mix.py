@@ -28,6 +28,7 @@ from tidal.errors import ArgumentError, ConfigError, StateError
 from tidal.order import rng
 from tidal.stages import Context, Joined, Locator, Stage, StageIterator, add_stats, walk
 from tidal.stages.batch import Batch
+from tidal.stages.weights import in_force
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.tables import Table, records
@@ -141,6 +142,14 @@ class Mix(Stage):
 
     def first_weights(self) -> dict[str, float]:
         return weights_at(self, 0, 1)
+
+    def mixed_streams(self) -> list[str] | None:
+        if self.weights is None:
+            raise ArgumentError(
+                "set_weights(): this mixture draws exact counts per mixture epoch (choose=, repeat= or "
+                "epoch_size=); live weights apply to a mixture of weights"
+            )
+        return [n for n, _ in self.streams]
 
     def to_config(self) -> dict:
         names = [n for n, _ in self.streams]
@@ -296,6 +305,20 @@ class MixIterator(StageIterator):
             saved = {n: streams.view(n) for n in self._names}
         self._streams = {n: self._open(n, saved[n]) for n in self._names}
         self._parts: list[tuple[int, Locator]] = []  # where the items of the last table came from
+        live = ctx.weights if not ctx.key else None  # weights set on a running loader: the top mixture's
+        self._changes = live.attach(self._world.lane, self._world.lanes, self._names, self) if live else []
+        if self._changes and mix.counts is not None:
+            raise StateError("mixture weights saved for a mixture of exact counts (choose/repeat/epoch_size)")
+
+    @property
+    def names(self) -> list[str]:
+        """The streams, in order."""
+        return self._names
+
+    @property
+    def draws(self) -> int:
+        """Records this reader has drawn (its next draw's index)."""
+        return self._k
 
     def _known(self, position: View, key: str) -> set[str]:
         names = position.names(key)
@@ -325,7 +348,12 @@ class MixIterator(StageIterator):
                 self._order_cache = (epoch, order)
             return self._order_cache[1][at : at + n]
         block, at = divmod(k, BLOCK)
-        w = mix.weights(block * BLOCK * self._world.consumers) if isinstance(mix.weights, Schedule) else None
+        w: Weights | None
+        w, until = in_force(self._changes, k)  # weights set on the loader, and the draw of the next change
+        if until is not None:
+            n = min(n, until - k)
+        if w is None and isinstance(mix.weights, Schedule):
+            w = mix.weights(block * BLOCK * self._world.consumers)
         p = np.array([w[n] for n in self._names] if w is not None else mix.weights, dtype=np.float64)
         p /= p.sum()
         draws = rng(mix.seed, 3, reader, block).choice(len(p), size=BLOCK, p=p)
@@ -396,8 +424,13 @@ class MixIterator(StageIterator):
         return out
 
     def weights_now(self) -> dict[str, float]:
-        """The weight each stream is drawn with at the next draw, normalized."""
-        return weights_at(self._mix, self._k, self._world.consumers)
+        """The weight each stream is drawn with at the next draw, normalized: those set on the
+        loader (``set_weights``) where they are in force, else the mixture's own."""
+        live, _ = in_force(self._changes, self._k)
+        if live is None or self._mix.counts is not None:
+            return weights_at(self._mix, self._k, self._world.consumers)
+        total = sum(live.get(n, 0.0) for n in self._names)
+        return {n: live.get(n, 0.0) / total for n in self._names}
 
     def stats(self) -> dict:
         mine = {

@@ -12,11 +12,14 @@ words, each with one meaning:
   upstream's position under ``upstream`` (a stage whose place is its upstream's, such as
   ``map`` or ``batch``, reports its upstream's position as its own).
 - **reader state**: one reader's (rank x DataLoader worker) position plus what it has
-  ``used`` of each source and its ``counts``; ``Dataset.iterator().state()``.
+  ``used`` of each source and its ``counts``, and where ``set_weights`` changed its mixture's
+  weights, the changes its position still needs (``weights``: per row, ``[draw, {stream:
+  weight}]``, see :mod:`tidal.stages.weights`); ``Dataset.iterator().state()``.
 - **rank state**: per worker, its reader state after the last batch the training loop
   consumed, and which worker is next.
 - **loader state**: every rank's state, the topology, and per source the ``progress`` (the
-  used-up positions of the epochs in progress), from which another topology restores;
+  used-up positions of the epochs in progress), from which another topology restores, and the
+  mixture ``weights`` in force where ``set_weights`` set them;
   ``DataLoader.state_dict()``, and ``tidal.jax.Loader.state_dict()`` (its ranks are JAX
   processes, its workers the loader's readers).
 

@@ -25,6 +25,11 @@ def merge(states: list[dict]) -> dict:
                 raise StateError(
                     f"states[{i}]['{key}'] differs from states[0]: different datasets, topologies or passes"
                 )
+        if view.data.get(k.WEIGHTS) != views[0].data.get(k.WEIGHTS):
+            raise StateError(
+                f"states[{i}]['{k.WEIGHTS}'] differs from states[0]: set_weights() set other mixture weights on "
+                "other ranks (call it on every rank at the same step with the same weights)"
+            )
         for rank, entry in enumerate(view.entries(k.RANKS)):
             if entry is not None:
                 out[k.RANKS][rank] = entry
@@ -60,6 +65,12 @@ def show(state: dict) -> str:
     }
     if rows:
         lines.append(f"continuous rows: {max(rows) * workers} per batch, each a reader of its own")
+    weights = state.get(k.WEIGHTS)
+    if weights is not None:
+        shown = ", ".join(f"{name} {w:g}" for name, w in weights.items())
+        lines.append(f"weights (set_weights): {shown}, from the next batch on every rank")
+    elif mix_draws(state):
+        lines.append("weights: the mixture's own (set_weights has not been called)")
     if state.get(k.PROGRESS) is None:
         lines.append("progress: unknown (this state covers one rank; merge the ranks' states)")
     if state.get(k.SKIPPED_BATCHES):

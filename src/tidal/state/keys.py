@@ -19,6 +19,7 @@ PROGRESS: Final = "progress"  # per source: the epochs in progress and what of t
 RECORDS_PER_BATCH: Final = "records_per_batch"  # source records in every batch, where that is fixed; else None
 MIX_DRAWS: Final = "mix_draws"  # records drawn by a mixture over all readers, kept by `skip`
 SKIPPED_BATCHES: Final = "skipped_batches"  # batches skipped by `tidal state skip`
+WEIGHTS: Final = "weights"  # mixture weights set by loader.set_weights, in force; in a reader state, its changes
 
 # -- a rank state ----------------------------------------------------------------------------
 NEXT_WORKER: Final = "next_worker"  # the worker whose batch comes next

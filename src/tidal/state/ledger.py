@@ -13,7 +13,9 @@ each hands the ledger, batch by batch, its worker's reader state after the batch
   iteration starts (:meth:`Ledger.restore`), and returned as it is by a ``state_dict()``
   before then;
 - the **undo** records of the last :data:`UNDO` batches, so a state can leave out batches the
-  loader yielded but the training loop has not trained on (Lightning fetches ahead).
+  loader yielded but the training loop has not trained on (Lightning fetches ahead);
+- the mixture **weights** set by ``loader.set_weights`` (None: the mixture's own), and how many
+  times they were set (``changes``: a loader whose readers read under older ones restarts them).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from tidal.errors import ArgumentError, StateError
 from tidal.state import keys as k
 from tidal.state import schema
 from tidal.state.schema import RankState, ReaderState
@@ -60,6 +63,16 @@ class Ledger:
         self.local = schema.fresh_rank(workers)  # this rank's readers: what the training loop consumed
         self.pending: dict | None = None  # a loaded state, applied when iteration starts
         self._undo: deque[Undo] = deque(maxlen=UNDO)
+        self.weights: dict[str, float] | None = None  # set by set_weights: in force from the next batch
+        self.changes = 0  # how many times they were set
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Mixture weights from the next batch on (in a state loaded and not applied yet, too)."""
+        if self.pending is not None:
+            self.pending = {**self.pending, k.WEIGHTS: weights}
+        else:
+            self.weights = weights
+        self.changes += 1
 
     # -- what the readers start from ------------------------------------------------------
 
@@ -88,8 +101,24 @@ class Ledger:
         :meth:`restore`. A state that is not one, or not this dataset's, or that puts a reader
         where none can be, is a :class:`~tidal.StateError` naming the key."""
         view = schema.check(state, self.dataset.fingerprint(), self.sources())
+        self._check_weights(view)
         self._check_positions(view)
         self.pending = state
+
+    def _check_weights(self, view: View) -> None:
+        """That the weights a state sets are those of this dataset's mixture."""
+        weights = view.optional(k.WEIGHTS)
+        if weights is None:
+            return
+        try:
+            names = self.dataset.stage.mixed_streams()
+        except ArgumentError as exc:
+            raise StateError(f"{weights.path}: {exc}") from None
+        if names is None:
+            raise StateError(f"{weights.path}: this dataset has no mixture (tidal.mix) to weigh")
+        unknown = sorted(set(weights.data) - set(names))
+        if unknown:
+            raise StateError(f"{weights.where(unknown[0])}: no stream of that name in this dataset's mixture")
 
     def _check_positions(self, view: View) -> None:
         """Open, and close, this rank's readers where the state puts them: a position no reader
@@ -100,7 +129,8 @@ class Ledger:
         first = restored.pass_ * self.dataset.epochs_per_pass()
         for w, state in enumerate(restored.rank[k.WORKERS]):
             world = ranks.with_worker(w, self.workers)
-            self.dataset.iterator(world, state, first, restored.origin, schema.reader_where(ranks.rank, w)).close()
+            where = schema.reader_where(ranks.rank, w)
+            self.dataset.iterator(world, state, first, restored.origin, where, view.data.get(k.WEIGHTS)).close()
 
     def restore(self, ranks: World) -> None:
         """At the start of an iteration as rank ``ranks``: apply the pending state, if any."""
@@ -108,6 +138,7 @@ class Ledger:
             view = schema.check(self.pending, self.dataset.fingerprint(), self.sources())
             restored = schema.restore(view, ranks.rank, ranks.world_size, self.workers)
             self.pass_, self.origin, self.local = restored.pass_, restored.origin, restored.rank
+            self.weights = self.pending.get(k.WEIGHTS)
             self.pending = None
         self._undo.clear()
 
@@ -158,4 +189,5 @@ class Ledger:
             every,
             self.origin,
             self.dataset.records_per_batch(),
+            self.weights,
         )

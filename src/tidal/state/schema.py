@@ -8,7 +8,8 @@
      "records_per_batch": n where every batch holds n source records | None,
      "sources": {source key: {"records": per epoch, "finite": bool, "epochs": per pass | None}},
      "progress": {source key: {"epoch": e, "done": {epoch: [[start, stop], ...]}},
-                  mixture key "…@mix": {"draws": over all readers}} | None}
+                  mixture key "…@mix": {"draws": over all readers}} | None,
+     "weights": {stream: weight}, the mixture weights in force, where set_weights set them}
 
 On the same topology each rank continues from its own rank state, batch for batch; on
 another, from ``progress`` (see :mod:`tidal.state.elastic`). Everything is checked before
@@ -103,8 +104,10 @@ def make(
     ranks: list[RankState | None],
     origin: dict | None,
     records_per_batch: int | None = None,
+    weights: dict[str, float] | None = None,
 ) -> dict:
-    """A loader state; ``progress`` when every rank is known (see :func:`tidal.state.merge`)."""
+    """A loader state; ``progress`` when every rank is known (see :func:`tidal.state.merge`);
+    ``weights``: the mixture weights ``set_weights`` set, if any."""
     state: dict[str, Any] = {
         k.STATE_VERSION: k.VERSION,
         k.DATASET: fingerprint,
@@ -117,6 +120,8 @@ def make(
         k.RECORDS_PER_BATCH: records_per_batch,
     }
     state[k.PROGRESS] = None if any(r is None for r in ranks) else progress_of(state)
+    if weights is not None:
+        state[k.WEIGHTS] = weights
     return state
 
 
@@ -221,7 +226,20 @@ def check_layout(state: Any, where: str = "state") -> View:
     if draws is not None:
         for key in draws.data:
             draws.integer(key)
+    weights = view.optional(k.WEIGHTS)
+    if weights is not None:
+        check_weights(weights)
     return view
+
+
+def check_weights(view: View) -> None:
+    """That the mixture weights of a loader state are finite, non-negative and not all zero (their
+    names are checked against the mixture when the state is loaded)."""
+    for name, value in view.data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            raise StateError(f"{view.where(name)}: expected a finite, non-negative weight, found {value!r}")
+    if not sum(view.data.values()) > 0:
+        raise StateError(f"{view.path}: the weights are all zero")
 
 
 def _positive(value: Any, where: str) -> int:
@@ -243,8 +261,9 @@ _STATE_KEYS = (
     k.RECORDS_PER_BATCH,
     k.MIX_DRAWS,
     k.SKIPPED_BATCHES,
+    k.WEIGHTS,
 )
-_READER_KEYS = (k.DATASET, k.READER, k.POSITION, k.WITHIN, k.USED, k.COUNTS, k.ORIGIN)
+_READER_KEYS = (k.DATASET, k.READER, k.POSITION, k.WITHIN, k.USED, k.COUNTS, k.ORIGIN, k.WEIGHTS)
 
 
 def _check_rank(rank: View, r: int, ranks: int, workers: int) -> None:

@@ -94,6 +94,7 @@ def _read(
     state: dict | None,
     first_epoch: int,
     origin: dict | None,
+    weights: dict | None,
     process: bool,
     widen: Widen,
     out: Any,
@@ -102,7 +103,7 @@ def _read(
     """One worker: its reader's bundles onto ``out`` until the end, an error, or ``stop``."""
     where = f"state['{k.RANKS}'][{world.rank}]['{k.WORKERS}'][{world.worker}]"
     try:
-        it = dataset.iterator(world, state, first_epoch, origin, where)
+        it = dataset.iterator(world, state, first_epoch, origin, where, weights)
         # across processes, bundles grow to many batches (one message, few buffers); threads pass objects
         for bundle in bundles(it, world.worker, process, widen, MAX_BUNDLE if process else 1):
             if not _put(out, bundle, stop):
@@ -121,6 +122,7 @@ class Pool:
 
     ``states``: per worker, the reader state to continue from (None: the start of its share).
     ``widen`` converts numeric arrays in the worker (token ids to the loop's integer type).
+    ``weights``: the mixture weights set on the loader, if any.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class Pool:
         worker_type: WorkerType,
         widen: Widen,
         depth: int = 4,
+        weights: dict | None = None,
     ):
         if worker_type not in ("thread", "process"):
             raise ArgumentError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
@@ -147,7 +150,7 @@ class Pool:
         worlds = [ranks.with_worker(w, self._n) for w in range(self._n)]
         if workers == 0:
             where = f"state['{k.RANKS}'][{ranks.rank}]['{k.WORKERS}'][0]"
-            it = dataset.iterator(worlds[0], states[0], first_epoch, origin, where)
+            it = dataset.iterator(worlds[0], states[0], first_epoch, origin, where, weights)
             self._inline = bundles(it, 0, False, widen, 1)
             return
         if self._process:
@@ -167,6 +170,7 @@ class Pool:
                 states[w],
                 first_epoch,
                 origin,
+                weights,
                 self._process,
                 widen,
                 self._queues[w],

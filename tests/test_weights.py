@@ -1,0 +1,358 @@
+"""Live mixture weights: ``loader.set_weights`` from the next batch, kept in the state, replayed exactly."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_jsonl
+
+import tidal
+from tidal.stages import weights as live
+from tidal.world import World
+
+pytest.importorskip("torch")
+
+WEB_ONLY = {"web": 1.0, "code": 0.0}
+CODE_ONLY = {"web": 0.0, "code": 1.0}
+CHANGES = {4: {"web": 0.1, "code": 0.9}, 9: {"web": 0.5, "code": 0.5}, 10: {"web": 0.3, "code": 0.7}}
+
+
+def stream(root: Path, name: str, n: int, shards: int = 3) -> tidal.Dataset:
+    root.mkdir(parents=True, exist_ok=True)
+    for s in range(shards):
+        recs = [
+            {"src": name, "id": i, "text": " ".join(str((i * 7 + j) % 1000) for j in range(3 + i % 11))}
+            for i in range(s, n, shards)
+        ]
+        write_jsonl(root / f"{name}-{s}.jsonl", recs)
+    return tidal.Dataset(str(root / f"{name}-*.jsonl"))
+
+
+@pytest.fixture
+def streams(tmp_path: Path) -> dict[str, tidal.Dataset]:
+    return {
+        "web": stream(tmp_path, "web", 3000).shuffle(seed=1).repeat(),
+        "code": stream(tmp_path, "code", 500).shuffle(seed=2).repeat(),
+    }
+
+
+def mixed(streams: dict[str, tidal.Dataset], batch: int = 8) -> tidal.Dataset:
+    return tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0).batch(batch)
+
+
+def rows(batch: dict) -> list[str]:
+    """A batch as the records it holds (``web17``), or as its token ids for packed rows."""
+    if "src" in batch:
+        return [f"{s}{int(i)}" for s, i in zip(batch["src"], batch["id"], strict=True)]
+    return [str(r) for r in batch["input_ids"].tolist()]
+
+
+def run(loader: Any, steps: int, changes: dict[int, dict], first: int = 0) -> list[list[str]]:
+    """``steps`` batches; after the batch of step ``s`` (counted from ``first``), ``set_weights(changes[s])``."""
+    out: list[list[str]] = []
+    it: Iterator[dict] = iter(loader)
+    while len(out) < steps:
+        out.append(rows(next(it)))
+        step = first + len(out)
+        if step in changes:
+            loader.set_weights(changes[step])
+    return out
+
+
+def resumed(make: Any, cut: int, steps: int, changes: dict[int, dict]) -> list[list[str]]:
+    """The batches of a run stopped after ``cut`` batches, its state saved as JSON, and resumed by a new loader."""
+    first = make()
+    before = run(first, cut, changes)
+    state = json.loads(json.dumps(first.state_dict()))
+    again = make()
+    again.load_state_dict(state)
+    return before + run(again, steps - cut, changes, first=cut)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_run_gives_the_batches_of_an_uninterrupted_one(streams, workers) -> None:
+    ds = mixed(streams)
+
+    def make() -> tidal.DataLoader:
+        return tidal.DataLoader(ds, num_workers=workers)
+
+    steps = 16
+    full = run(make(), steps, CHANGES)
+    for cut in (2, 4, 7, 10, 11):
+        assert resumed(make, cut, steps, CHANGES) == full, f"resumed after {cut} batches"
+    assert full != run(make(), steps, {}), "the weights changed nothing"
+
+
+def test_spawned_workers_resume_and_restart_under_new_weights(streams) -> None:
+    """The order does not depend on how workers start: a run forked up to a change, resumed in
+    spawned workers that restart at the next change, gives the batches of one forked run."""
+    ds = mixed(streams)
+    changes = {3: CHANGES[4], 7: CHANGES[9]}
+    full = run(tidal.DataLoader(ds, num_workers=2, multiprocessing_context="fork"), 10, changes)
+    first = tidal.DataLoader(ds, num_workers=2, multiprocessing_context="fork")
+    before = run(first, 5, changes)
+    spawned = tidal.DataLoader(ds, num_workers=2, multiprocessing_context="spawn")
+    spawned.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert before + run(spawned, 5, changes, first=5) == full
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_read_ahead_under_the_old_weights_are_not_served(streams, workers) -> None:
+    loader = tidal.DataLoader(mixed(streams), num_workers=workers, prefetch_factor=4 if workers else None)
+    run(loader, 3, {})
+    loader.set_weights(CODE_ONLY)
+    assert all(r.startswith("code") for b in run(loader, 3, {}) for r in b)
+    loader.set_weights(WEB_ONLY)
+    assert all(r.startswith("web") for b in run(loader, 10, {}) for r in b)
+
+
+def test_prefetch_to_device_is_restarted_too(streams) -> None:
+    loader = tidal.DataLoader(mixed(streams), num_workers=2, device="cpu", prefetch_to_device=3)
+    run(loader, 5, {5: CODE_ONLY})
+    assert all(r.startswith("code") for b in run(loader, 8, {}) for r in b)
+
+
+def test_the_achieved_mixture_converges_to_the_new_weights(streams) -> None:
+    """Tolerance: 4 standard deviations of a binomial over 4,800 draws (~0.023 at p=0.2)."""
+    loader = tidal.DataLoader(mixed(streams, batch=16), num_workers=2)
+    run(loader, 10, {10: {"web": 0.2, "code": 0.8}})
+    drawn = [r for b in run(loader, 300, {}) for r in b]
+    share = sum(r.startswith("code") for r in drawn) / len(drawn)
+    assert abs(share - 0.8) < 4 * (0.2 * 0.8 / len(drawn)) ** 0.5
+    assert loader.state_dict()["weights"] == {"web": 0.2, "code": 0.8}
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_rows_resume_exactly_across_changes(streams, strategy, workers) -> None:
+    """Packing buffers documents drawn before the change: they are drawn again the same, the rest anew."""
+    from test_pack import word_tokenizer
+
+    mix = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0)
+    ds = mix.tokenize(word_tokenizer(), eos="<eos>").pack(24, strategy, buffer_size=4).batch(4)
+
+    def make() -> tidal.DataLoader:
+        return tidal.DataLoader(ds, num_workers=workers)
+
+    steps = 14
+    full = run(make(), steps, CHANGES)
+    for cut in (3, 4, 5, 9, 10, 12):
+        assert resumed(make, cut, steps, CHANGES) == full, f"resumed after {cut} batches"
+
+
+def test_continuous_rows_resume_exactly_across_changes(streams) -> None:
+    ds = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0).batch(4, continuous=True)
+
+    def make() -> tidal.DataLoader:
+        return tidal.DataLoader(ds, num_workers=2)
+
+    full = run(make(), 14, CHANGES)
+    for cut in (4, 6, 10):
+        assert resumed(make, cut, 14, CHANGES) == full
+
+
+def test_an_elastic_restore_goes_on_with_the_weights_in_force(streams) -> None:
+    ds = mixed(streams)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    seen = run(loader, 7, {5: CODE_ONLY})
+    state = json.loads(json.dumps(loader.state_dict()))
+    for workers in (0, 3):
+        other = tidal.DataLoader(ds, num_workers=workers)
+        other.load_state_dict(state)
+        after = run(other, 12, {})
+        assert all(r.startswith("code") for b in after for r in b)
+        assert other.state_dict()["weights"] == CODE_ONLY
+        assert not {r for b in seen for r in b} & {r for b in after for r in b}  # code has 500 records
+
+
+def test_set_weights_before_iterating_and_over_a_loaded_state(streams) -> None:
+    ds = mixed(streams)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    loader.set_weights(CODE_ONLY)
+    assert all(r.startswith("code") for b in run(loader, 4, {}) for r in b)
+    state = loader.state_dict()
+    other = tidal.DataLoader(ds)
+    other.load_state_dict(state)
+    other.set_weights(WEB_ONLY)  # applies over the loaded state, from its next batch
+    assert other.state_dict()["weights"] == WEB_ONLY and state["weights"] == CODE_ONLY
+    assert all(r.startswith("web") for b in run(other, 4, {}) for r in b)
+
+
+def test_a_reader_replays_its_batches_from_a_state_alone(streams) -> None:
+    """What ``tidal.trace`` relies on: a reader state (with the changes it carries) and the
+    weights in force replay the batches the loader gives next, without the loader."""
+    ds = mixed(streams)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    run(loader, 9, CHANGES)
+    state = loader.state_dict()
+    coming = run(loader, 6, {})
+    for w in (0, 1):
+        reader = state["ranks"][0]["workers"][w]
+        it = ds.iterator(World(0, 1, w, 2), reader, weights=state.get("weights"))
+        mine = [rows(next(it)) for _ in range(3)]
+        first = (w - state["ranks"][0]["next_worker"]) % 2  # batches go round robin from the next worker
+        assert mine == coming[first::2]
+
+
+def test_the_state_stays_small_however_often_weights_change(streams) -> None:
+    from test_pack import word_tokenizer
+
+    mix = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0)
+    loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24, "best_fit", buffer_size=4).batch(2))
+    every_step = {s: {"web": 1 + s % 3, "code": 1 + s % 5} for s in range(1, 120)}
+    run(loader, 120, every_step)
+    state = loader.state_dict()
+    (reader,) = state["ranks"][0]["workers"]
+    assert 1 <= len(reader["weights"][0]) <= 3  # the changes since its packing buffer began
+    assert len(json.dumps(state)) < 2_000
+
+
+def test_a_chain_with_a_mixture_inside_a_stream_of_another(streams) -> None:
+    inner = tidal.mix(streams, weights={"web": 0.5, "code": 0.5}, seed=4)
+    outer = tidal.mix({"both": inner, "web2": streams["web"]}, weights={"both": 0.5, "web2": 0.5}, seed=5).batch(8)
+    loader = tidal.DataLoader(outer, num_workers=0)
+    with pytest.raises(tidal.ArgumentError, match="no stream named 'web'"):
+        loader.set_weights({"web": 1.0})  # the top mixture's streams
+    loader.set_weights({"both": 1.0})
+    assert run(loader, 2, {})
+
+
+def test_bad_weights_are_argument_errors(streams, tmp_path: Path) -> None:
+    loader = tidal.DataLoader(mixed(streams))
+    cases = [
+        ({"web": 1, "news": 1}, "no stream named 'news'"),
+        ({"web": -0.5, "code": 1}, "weight of 'web' must be a finite, non-negative number"),
+        ({"web": float("nan")}, "finite, non-negative"),
+        ({"web": True}, "finite, non-negative"),
+        ({"web": 0, "code": 0}, "all zero"),
+        ({}, "all zero"),
+        ([0.5, 0.5], "dict of stream name to weight"),
+    ]
+    for weights, message in cases:
+        with pytest.raises(tidal.ArgumentError, match=message):
+            loader.set_weights(weights)
+    plain = tidal.DataLoader(stream(tmp_path / "plain", "web", 30).batch(4))
+    with pytest.raises(tidal.ArgumentError, match="no mixture"):
+        plain.set_weights({"web": 1})
+    counted = tidal.mix(streams, choose={"web": 10, "code": 5}, seed=0, stop="never").batch(4)
+    with pytest.raises(tidal.ArgumentError, match="exact counts"):
+        tidal.DataLoader(counted).set_weights({"web": 1})
+    assert "weights" not in loader.state_dict()  # nothing was set
+
+
+def test_ranks_that_disagree_are_told(streams) -> None:
+    live.agree([[5, CODE_ONLY], [5, CODE_ONLY]])
+    with pytest.raises(tidal.ArgumentError, match="different numbers of batches"):
+        live.agree([[5, CODE_ONLY], [6, CODE_ONLY]])
+    with pytest.raises(tidal.ArgumentError, match="different weights on different ranks"):
+        live.agree([[5, CODE_ONLY], [5, WEB_ONLY]])
+
+
+def test_hostile_weights_in_a_state_name_their_key(streams, tmp_path: Path) -> None:
+    ds = mixed(streams)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    run(loader, 6, {3: CODE_ONLY})
+    good = json.loads(json.dumps(loader.state_dict()))
+    reader = "state['ranks'][0]['workers'][0]['weights']"
+
+    def bad(change: Any, message: str) -> None:
+        state = copy.deepcopy(good)
+        change(state)
+        with pytest.raises(tidal.StateError, match=message):
+            tidal.DataLoader(ds, num_workers=2).load_state_dict(state)
+
+    bad(lambda s: s.update(weights={"news": 1.0}), r"state\['weights'\]\['news'\]: no stream")
+    bad(lambda s: s.update(weights={"web": -1.0}), r"state\['weights'\]\['web'\]: expected a finite")
+    bad(lambda s: s.update(weights={"web": 0}), r"state\['weights'\]: the weights are all zero")
+    bad(lambda s: s.update(weights=[1, 2]), r"state\['weights'\]: expected an object")
+    w0 = good["ranks"][0]["workers"][0]
+    assert w0["weights"] == [[[w0["weights"][0][0][0], CODE_ONLY]]]
+    bad(lambda s: s["ranks"][0]["workers"][0].update(weights="x"), re.escape(reader) + ": expected a list")
+    bad(lambda s: s["ranks"][0]["workers"][0].update(weights=[[[1, {"news": 1}]]]), "no stream named 'news'")
+    bad(lambda s: s["ranks"][0]["workers"][0].update(weights=[[[-1, CODE_ONLY]]]), re.escape(reader + "[0][0][0]"))
+    bad(lambda s: s["ranks"][0]["workers"][0].update(weights=[[[5, CODE_ONLY], [5, WEB_ONLY]]]), "not a draw after")
+    bad(lambda s: s["ranks"][0]["workers"][0].update(weights=[[], []]), "2 rows of changes")
+    plain = tidal.DataLoader(stream(tmp_path / "plain", "web", 300).batch(4), num_workers=2)
+    run(plain, 3, {})
+    state = plain.state_dict()
+    state["ranks"][0]["workers"][0]["weights"] = [[[0, {"web": 1.0}]]]
+    with pytest.raises(tidal.StateError, match=r"without tidal\.mix"):
+        tidal.DataLoader(stream(tmp_path / "plain", "web", 300).batch(4), num_workers=2).load_state_dict(state)
+    state = plain.state_dict()
+    state["weights"] = {"web": 1.0}
+    with pytest.raises(tidal.StateError, match="no mixture"):
+        tidal.DataLoader(stream(tmp_path / "plain", "web", 300).batch(4), num_workers=2).load_state_dict(state)
+
+
+def test_state_show_names_the_weights_in_force(streams, tmp_path: Path, capsys) -> None:
+    from tidal.cli import main
+
+    loader = tidal.DataLoader(mixed(streams), num_workers=2)
+    run(loader, 4, {2: {"web": 0.25, "code": 0.75}})
+    assert "weights (set_weights): web 0.25, code 0.75, from the next batch" in tidal.state.show(loader.state_dict())
+    fresh = tidal.DataLoader(mixed(streams))
+    run(fresh, 2, {})
+    assert "weights: the mixture's own" in tidal.state.show(fresh.state_dict())
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(loader.state_dict()))
+    assert main(["state", "show", str(path)]) == 0
+    assert "web 0.25, code 0.75" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("workers", "prefetch"), [(0, 0), (2, 3)])
+def test_the_jax_loader_sets_weights_and_resumes_exactly(streams, workers, prefetch) -> None:
+    pytest.importorskip("jax")
+    import tidal.jax
+
+    ds = mixed(streams)
+
+    def make() -> tidal.jax.Loader:
+        return tidal.jax.Loader(ds, num_workers=workers, prefetch=prefetch)
+
+    full = run(make(), 14, CHANGES)
+    assert full == run(tidal.DataLoader(ds, num_workers=workers or 1), 14, CHANGES)  # the torch loader's batches
+    for cut in (4, 7, 10):
+        assert resumed(make, cut, 14, CHANGES) == full, f"resumed after {cut} batches"
+    loader = make()
+    run(loader, 3, {3: CODE_ONLY})
+    assert all(r.startswith("code") for b in run(loader, 6, {}) for r in b)  # nothing read ahead is served
+    with pytest.raises(tidal.ArgumentError, match="no stream named 'news'"):
+        loader.set_weights({"news": 1.0})
+
+
+@pytest.mark.slow
+def test_every_rank_sets_the_weights_at_the_same_step_or_is_told(tmp_path: Path) -> None:
+    import procs
+
+    stream(tmp_path / "web", "web", 600), stream(tmp_path / "code", "code", 300)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = Path(__file__).parent / "distributed" / "run_weights.py"
+    args = [str(tmp_path / "web" / "web-*.jsonl"), str(tmp_path / "code" / "code-*.jsonl"), str(out)]
+    procs.torchrun(script, *args, nproc=2, env=procs.child_env(tmp_path / "cache"))
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert all(src == "code" for b in r["after"] for src in b)  # from the next batch, on every rank
+        assert r["state"]["weights"] == CODE_ONLY and all(r["state"]["ranks"])
+        assert "different weights on different ranks" in r["errors"][0]
+        assert "different numbers of batches" in r["errors"][1]
+    assert ranks[0]["state"] == ranks[1]["state"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_metrics_report_the_weights_set_on_the_loader(streams: dict[str, tidal.Dataset], workers: int) -> None:
+    loader = tidal.DataLoader(mixed(streams), num_workers=workers)
+    it = iter(loader)
+    next(it)
+    assert loader.metrics()["weight/web"] == pytest.approx(0.9)
+    loader.set_weights({"web": 1, "code": 3})
+    for _ in range(3):
+        next(it)
+    got = loader.metrics()
+    assert (got["weight/web"], got["weight/code"]) == (pytest.approx(0.25), pytest.approx(0.75))

@@ -38,9 +38,11 @@ PUBLIC = [
     "StateError",
     "StorageError",
     "TidalError",
+    "Untraceable",
     "World",
     "index",
     "mix",
+    "trace",
 ]
 
 # The submodules the README and docs/ name, and their public names: ``__all__`` where the module

@@ -22,8 +22,10 @@ from tidal.errors import (
     StateError,
     StorageError,
     TidalError,
+    Untraceable,
 )
 from tidal.indexing import index
+from tidal.provenance import trace
 from tidal.shards import Shard, Shards
 from tidal.stages.mix import Cosine, Linear, Piecewise
 from tidal.world import World
@@ -49,9 +51,11 @@ __all__ = [
     "StateError",
     "StorageError",
     "TidalError",
+    "Untraceable",
     "World",
     "index",
     "mix",
+    "trace",
 ]
 
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tidal.errors import StateError
-from tidal.stages import Context, Stage
+from tidal.stages import Context, Locator, Origin, Stage, Unlocated
 from tidal.state import keys as k
 from tidal.state.schema import check_dataset
 from tidal.state.view import View
@@ -40,6 +40,7 @@ class DatasetIterator(Iterator[Any]):
         first_epoch: int,
         origin: dict | None,
         where: str = "state",
+        trace: bool = False,
     ):
         self.world = world
         self._fingerprint = fingerprint
@@ -60,7 +61,9 @@ class DatasetIterator(Iterator[Any]):
             within = view.integer(k.WITHIN)
             self.items = view.view(k.COUNTS).integer(k.ITEMS)
         self._origin = origin
-        self._top = stage.open(Context(world, first_epoch, origin), position)
+        self._trace = trace
+        self._located: Locator = Unlocated()  # with trace: where the chunk's items came from
+        self._top = stage.open(Context(world, first_epoch, origin, trace=trace), position)
         self._chunk_size = self.CHUNK if self._top.exact else 1
         self._chunk: list[Any] = []
         self._at = 0
@@ -77,6 +80,8 @@ class DatasetIterator(Iterator[Any]):
         self._chunk_position, self._chunk_used = self._top.position(), self._top.used()
         try:
             self._chunk = records(self._top.next(self._chunk_size))
+            if self._trace:
+                self._located = self._top.locate()
         except StopIteration:
             self._chunk, self._done = [], True
         self._at = 0
@@ -92,6 +97,10 @@ class DatasetIterator(Iterator[Any]):
         self._at += 1
         self.items += 1
         return item
+
+    def rows(self) -> list[list[Origin]]:
+        """With ``trace=True``: where the item yielded last came from, row by row (see :mod:`tidal.provenance`)."""
+        return self._located.rows(self._at - 1)
 
     def stats(self) -> dict:
         """Counters: items yielded, rows read, bad records skipped, tokens, padding, downloads."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
 from tidal.order import EpochOrder, Intervals, share
-from tidal.stages import Context, Locator, Stage, StageIterator, Unlocated
+from tidal.stages import Context, Locator, Origin, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
 from tidal.stages.plan import ReadPlan
 from tidal.stages.policy import Policy
@@ -141,16 +141,26 @@ class _Rows(Locator):
 
     def __init__(self, reader: ReadIterator, block: Block, first: int):
         self._reader, self._slices, self._rows, self._first = reader, block.slices, block.rows, first
+        self._epoch = reader.epoch
 
-    def reject(self, i: int, why: str) -> None:
+    def _where(self, i: int) -> tuple[int, int]:
+        """(shard, row) of item ``i``."""
         at = self._first + i
         at = int(self._rows[at]) if self._rows is not None else at
         for shard, a, z in self._slices:
             if at < z - a:
-                self._reader.reject(shard, a + at, why)
-                return
+                return shard, a + at
             at -= z - a
         raise IndexError(i)
+
+    def reject(self, i: int, why: str) -> None:
+        self._reader.reject(*self._where(i), why)
+
+    def origins(self, i: int) -> list[Origin]:
+        shard, row = self._where(i)
+        reader = self._reader
+        path = redact_urls(reader.path(shard))
+        return [Origin(path, row, None, None, reader.key.rstrip("/") or None, self._epoch, reader.key)]
 
 
 class ReadIterator(StageIterator):
@@ -292,6 +302,15 @@ class ReadIterator(StageIterator):
 
     def locate(self) -> Locator:
         return _Rows(self, *self._last) if self._last is not None else Unlocated()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read."""
+        return self._epoch
+
+    def path(self, shard: int) -> str:
+        """Shard ``shard``'s path or URL, as the shard list has it."""
+        return self._plan.shards[shard].path
 
     def reject(self, shard: int, row: int, why: str) -> None:
         """Record ``row`` of ``shard``, yielded last, was found bad downstream: to the policy."""

@@ -1,0 +1,238 @@
+"""tidal.trace: every segment it names is read back from its file, and the rows rebuilt from
+the segments are the rows the training loop saw (ids of plain rows, token ids of packed
+rows), with 0 and 2 workers, after a resume and after an elastic resume."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_pack import EOS, word_tokenizer
+
+import tidal
+from tidal.provenance import Replay
+
+
+def write_records(root: Path, shards: int = 3, per_shard: int = 40, offset: int = 0) -> Path:
+    """Records ``{"id", "text"}``: the text is numbers, so the word tokenizer encodes it to them."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(offset)
+    for s in range(shards):
+        lines = []
+        for i in range(per_shard):
+            words = rng.integers(0, EOS, rng.integers(1, 40)).tolist()
+            lines.append(json.dumps({"id": offset + s * 1000 + i, "text": " ".join(map(str, words))}))
+        (root / f"part-{s}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def read_back(segment: dict) -> dict:
+    """The record a segment names, read from its file by the format's own reader (JSON lines, Parquet)."""
+    path = Path(segment["file"])
+    if path.suffix == ".parquet":
+        return pq.read_table(path).slice(segment["row"], 1).to_pylist()[0]
+    return json.loads(path.read_text().splitlines()[segment["row"]])
+
+
+def tokens_of(record: dict) -> list[int]:
+    """What tokenize(word_tokenizer(), eos="<eos>") makes of a record."""
+    return [int(w) for w in record["text"].split()] + [EOS]
+
+
+def rebuild_ids(batch: list[list[dict]]) -> list[int]:
+    assert all(len(row) == 1 and row[0]["start"] is None and row[0]["end"] is None for row in batch)
+    return [read_back(row[0])["id"] for row in batch]
+
+
+def rebuild_tokens(batch: list[list[dict]]) -> list[list[int]]:
+    rows = []
+    for row in batch:
+        tokens: list[int] = []
+        for seg in row:
+            assert 0 <= seg["start"] < seg["end"]
+            tokens += tokens_of(read_back(seg))[seg["start"] : seg["end"]]
+        rows.append(tokens)
+    return rows
+
+
+def ids(batch: Any) -> list[int]:
+    return [int(x) for x in batch["id"]]
+
+
+def token_rows(batch: Any) -> list[list[int]]:
+    return [[int(x) for x in row] for row in batch["input_ids"]]
+
+
+def unpadded(batch: Any) -> list[list[int]]:
+    """Each row's tokens but best-fit padding (segment id 0, after the documents' pieces)."""
+    rows = []
+    for row, segments in zip(token_rows(batch), batch["segment_ids"].tolist(), strict=True):
+        n = sum(1 for s in segments if s > 0)
+        assert all(s == 0 for s in segments[n:])
+        rows.append(row[:n])
+    return rows
+
+
+def resumed(ds: tidal.Dataset, state: dict, workers: int, n: int) -> list[Any]:
+    loader = tidal.DataLoader(ds, num_workers=workers)
+    loader.load_state_dict(state)
+    return list(itertools.islice(loader, n))
+
+
+def saved_after(ds: tidal.Dataset, workers: int, n: int) -> dict:
+    loader = tidal.DataLoader(ds, num_workers=workers)
+    for _ in itertools.islice(loader, n):
+        pass
+    return json.loads(json.dumps(loader.state_dict()))
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return write_records(tmp_path / "web")
+
+
+def keep_even(r: dict) -> bool:
+    return r["id"] % 2 == 0
+
+
+def add_one(r: dict) -> dict:
+    return {**r, "id": r["id"] + 0}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_plain_rows_are_read_back_after_a_resume(data: Path, workers: int) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=3, block_size=32).map(add_one).filter(keep_even).batch(4)
+    state = saved_after(ds, workers, 3)
+    seen = resumed(ds, state, workers, 6)
+    traced = tidal.trace(ds, state, steps=6)
+    assert len(traced) == len(seen) == 6
+    assert [rebuild_ids(b) for b in traced] == [ids(b) for b in seen]
+
+
+@pytest.mark.parametrize(("saved_on", "restored_on"), [(2, 0), (0, 2)])
+def test_plain_rows_after_an_elastic_resume(data: Path, saved_on: int, restored_on: int) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=3, block_size=32).batch(5)
+    state = saved_after(ds, saved_on, 4)
+    seen = resumed(ds, state, restored_on, 8)
+    traced = tidal.trace(ds, state, steps=8, num_workers=restored_on)
+    assert [rebuild_ids(b) for b in traced] == [ids(b) for b in seen]
+
+
+def packed(data: Path, strategy: str) -> tidal.Dataset:
+    return (
+        tidal.Dataset(data)
+        .shuffle(seed=1, block_size=16)
+        .repeat()
+        .tokenize(word_tokenizer(), eos="<eos>")
+        .pack(24, strategy, buffer_size=3)
+        .batch(3)
+    )
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_rows_are_token_ranges_of_their_documents(data: Path, strategy: str, workers: int) -> None:
+    ds = packed(data, strategy)
+    state = saved_after(ds, workers, 5)
+    seen = resumed(ds, state, workers, 10)
+    traced = tidal.trace(ds, state, steps=10)
+    assert [rebuild_tokens(b) for b in traced] == [unpadded(b) for b in seen]
+    assert any(len(row) > 1 for b in traced for row in b)  # rows holding pieces of several documents
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_packed_rows_after_an_elastic_resume(data: Path, strategy: str) -> None:
+    ds = packed(data, strategy)
+    state = saved_after(ds, 2, 5)
+    seen = resumed(ds, state, 0, 6)
+    traced = tidal.trace(ds, state, steps=6, num_workers=0)
+    assert [rebuild_tokens(b) for b in traced] == [unpadded(b) for b in seen]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_continuous_rows_follow_their_lanes(data: Path, workers: int) -> None:
+    ds = (
+        tidal.Dataset(data)
+        .shuffle(seed=0, block_size=32)
+        .repeat()
+        .tokenize(word_tokenizer(), eos="<eos>")
+        .pack(16)
+        .batch(4, continuous=True)
+    )
+    state = saved_after(ds, workers, 3)
+    seen = resumed(ds, state, workers, 5)
+    traced = tidal.trace(ds, state, steps=5)
+    assert [rebuild_tokens(b) for b in traced] == [token_rows(b) for b in seen]
+
+
+def test_mixed_streams_name_their_stream(tmp_path: Path) -> None:
+    web = tidal.Dataset(write_records(tmp_path / "web", offset=0)).shuffle(seed=0).repeat()
+    code = tidal.Dataset(write_records(tmp_path / "code", shards=2, offset=50_000)).repeat()
+    ds = tidal.mix({"web": web, "code": code}, weights={"web": 0.6, "code": 0.4}, seed=2).batch(6)
+    state = saved_after(ds, 2, 3)
+    seen = resumed(ds, state, 2, 6)
+    traced = tidal.trace(ds, state, steps=6)
+    assert [rebuild_ids(b) for b in traced] == [ids(b) for b in seen]
+    streams = {seg["stream"] for b in traced for row in b for seg in row}
+    assert streams == {"web", "code"}
+    for b in traced:
+        for row in b:
+            assert (row[0]["stream"] == "code") == ("/code/" in row[0]["file"])
+
+
+def test_parquet_rows_are_read_back(tmp_path: Path) -> None:
+    root = tmp_path / "pq"
+    root.mkdir()
+    for s in range(3):
+        pq.write_table(
+            pa.table({"id": list(range(s * 100, s * 100 + 30)), "text": ["1 2 3"] * 30}),
+            root / f"p{s}.parquet",
+            row_group_size=7,
+        )
+    ds = tidal.Dataset(root).shuffle(seed=5, block_size=20).batch(4)
+    state = saved_after(ds, 0, 2)
+    seen = resumed(ds, state, 0, 5)
+    assert [rebuild_ids(b) for b in tidal.trace(ds, state, steps=5)] == [ids(b) for b in seen]
+
+
+def test_skip_starts_later_and_a_trace_ends_with_the_pass(data: Path) -> None:
+    ds = tidal.Dataset(data).batch(10)  # 120 records: 12 batches
+    state = saved_after(ds, 2, 2)
+    whole = tidal.trace(ds, state, steps=100)
+    assert len(whole) == 10
+    assert tidal.trace(ds, state, steps=3, skip=4) == whole[4:7]
+    steps = [s.step for s in Replay(ds, state)]
+    assert steps == list(range(2, 12))
+
+
+def test_a_state_of_another_dataset_or_rank_is_refused(data: Path, tmp_path: Path) -> None:
+    ds = tidal.Dataset(data).batch(4)
+    state = saved_after(ds, 0, 2)
+    other = tidal.Dataset(write_records(tmp_path / "other", shards=2)).batch(4)
+    with pytest.raises(tidal.StateError):
+        tidal.trace(other, state, steps=1)
+    with pytest.raises(tidal.StateError):
+        tidal.trace(ds, {**state, "ranks": None}, steps=1)
+    hostile = json.loads(json.dumps(state))
+    hostile["ranks"][0]["workers"][0]["position"]["offset"] = 10**9
+    with pytest.raises(tidal.StateError, match="offset"):
+        tidal.trace(ds, hostile, steps=1)
+    with pytest.raises(tidal.ArgumentError):
+        tidal.trace(ds, state, steps=1, rank=1)
+    with pytest.raises(tidal.ArgumentError):
+        tidal.trace(ds, state, steps=-1)
+
+
+def test_tracing_leaves_the_chain_as_it_was(data: Path) -> None:
+    ds = packed(data, "concat")
+    before = ds.fingerprint()
+    state = saved_after(ds, 0, 1)
+    tidal.trace(ds, state, steps=2)
+    assert pickle.loads(pickle.dumps(ds)).fingerprint() == before == ds.fingerprint()

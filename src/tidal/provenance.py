@@ -72,7 +72,7 @@ class Replay:
     ``positions=True`` keeps every reader's state after its latest batch (:attr:`readers`),
     what a loader's ``state_dict()`` would hold at that point. ``passes=True`` goes on into the
     next passes, as a loop that calls ``iter(loader)`` again; otherwise the replay ends with the
-    pass. Iterating it yields :class:`Step` values.
+    pass (:meth:`next_pass` goes on). Iterating it yields :class:`Step` values.
     """
 
     def __init__(
@@ -105,8 +105,21 @@ class Replay:
         self._shared = shared_rows(dataset.stage, self.workers)
         self.pass_ = self.restored.pass_
         self.step = self.restored.rank[k.COUNTS][k.BATCHES]
+        self.origin = self.restored.origin
         self.readers: list[ReaderState | None] = list(self.restored.rank[k.WORKERS])
         self.next_worker = self.restored.rank[k.NEXT_WORKER]
+
+    def next_pass(self) -> None:
+        """Go on with the next pass, as a loop that calls ``iter(loader)`` again after one ends:
+        fresh readers, the next epochs."""
+        self.pass_, self.step, self.origin = self.pass_ + 1, 0, None
+        self.readers, self.next_worker = [None] * self.workers, 0
+
+    def check(self) -> None:
+        """Open, and close, the rank's readers where the state puts them: a position no reader
+        takes is a :class:`~tidal.StateError` naming its key."""
+        for it in self._open(self.origin):
+            it.close()
 
     def _open(self, origin: dict | None) -> list[DatasetIterator]:
         ranks = World(self.rank, self.world_size)
@@ -129,9 +142,8 @@ class Replay:
         return its
 
     def __iter__(self) -> Iterator[Step]:
-        origin = self.restored.origin
         while True:
-            its = self._open(origin)
+            its = self._open(self.origin)
             try:
                 yield from self._shared_steps(its) if self._shared else self._round_robin(its)
             finally:
@@ -139,9 +151,7 @@ class Replay:
                     it.close()
             if not self._passes:
                 return
-            # the pass ended: the loader starts the next one afresh, with the next epochs
-            self.pass_, self.step, origin = self.pass_ + 1, 0, None
-            self.readers, self.next_worker = [None] * self.workers, 0
+            self.next_pass()
 
     def _took(self, it: DatasetIterator, w: int) -> None:
         if self._positions:

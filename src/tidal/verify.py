@@ -55,8 +55,8 @@ class Report:
     follow from the one before it on which rank; ``skipped``: ``{"rank", "state", "batches", "records"}``.
     """
 
-    batches: int = 0
-    reads: int = 0
+    batches: int = 0  # replayed
+    reads: int = 0  # segments read: a record, or the piece of a document a packed row holds
     duplicates: list[dict] = field(default_factory=list)
     gaps: list[dict] = field(default_factory=list)
     breaks: list[str] = field(default_factory=list)
@@ -87,7 +87,7 @@ class Report:
             )
         verdict = "exactly once" if self.ok else "NOT exactly once"
         out.append(
-            f"{verdict}: {self.batches} batches replayed, {self.reads} record reads, {len(self.duplicates)} read "
+            f"{verdict}: {self.batches} batches replayed, {self.reads} records or document pieces read, {len(self.duplicates)} read "
             f"twice, {sum(len(g['records']) for g in self.gaps)} never read, {len(self.breaks)} break(s)"
         )
         return out

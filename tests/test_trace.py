@@ -236,3 +236,142 @@ def test_tracing_leaves_the_chain_as_it_was(data: Path) -> None:
     state = saved_after(ds, 0, 1)
     tidal.trace(ds, state, steps=2)
     assert pickle.loads(pickle.dumps(ds)).fingerprint() == before == ds.fingerprint()
+
+
+def write_format(root: Path, kind: str) -> None:
+    """Three shards of records ``{"id"}`` in ``kind``, ids ``1000 * shard + row``."""
+    import csv
+    import gzip
+    import io
+    import tarfile
+
+    import pyarrow.ipc
+
+    root.mkdir(parents=True)
+    for s in range(3):
+        ids = [1000 * s + i for i in range(11 + 3 * s)]
+        if kind == "csv":
+            with open(root / f"p{s}.csv", "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(["id", "text"])
+                writer.writerows([i, f"t{i}"] for i in ids)
+        elif kind == "arrow":
+            table = pa.table({"id": ids})
+            with pa.OSFile(str(root / f"p{s}.arrow"), "wb") as sink, pyarrow.ipc.new_file(sink, table.schema) as w:
+                w.write_table(table, max_chunksize=4)
+        elif kind == "jsonl.gz":
+            (root / f"p{s}.jsonl.gz").write_bytes(
+                gzip.compress("".join(json.dumps({"id": i}) + "\n" for i in ids).encode())
+            )
+        elif kind == "tar":
+            with tarfile.open(root / f"p{s}.tar", "w") as tf:
+                for i in ids:
+                    payload = json.dumps({"id": i}).encode()
+                    info = tarfile.TarInfo(f"k{i:05d}.json")
+                    info.size = len(payload)
+                    tf.addfile(info, io.BytesIO(payload))
+
+
+def read_format(segment: dict) -> int:
+    """The id of the record a segment names, read with the format's own reader."""
+    import csv
+    import gzip
+    import tarfile
+
+    import pyarrow.ipc
+
+    path, row = Path(segment["file"]), segment["row"]
+    if path.suffix == ".csv":
+        with open(path, newline="") as f:
+            return int(list(csv.DictReader(f))[row]["id"])
+    if path.suffix == ".arrow":
+        with pa.memory_map(str(path)) as source:
+            return pyarrow.ipc.open_file(source).read_all().column("id")[row].as_py()
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()).decode().splitlines()[row])["id"]
+    with tarfile.open(path) as tf:
+        member = tf.getmembers()[row]
+        file = tf.extractfile(member)
+        assert file is not None
+        return json.loads(file.read())["id"]
+
+
+@pytest.mark.parametrize("kind", ["csv", "arrow", "jsonl.gz", "tar"])
+def test_every_format_names_its_rows(tmp_path: Path, kind: str) -> None:
+    write_format(tmp_path / kind, kind)
+    ds = tidal.Dataset(tmp_path / kind).shuffle(seed=7, block_size=8).batch(3)
+    state = saved_after(ds, 2, 2)
+    seen = resumed(ds, state, 2, 6)
+    traced = tidal.trace(ds, state, steps=6)
+
+    def record_id(batch: Any) -> list[int]:
+        if kind == "tar":
+            return [int(r["id"]) for r in batch["json"]]
+        return ids(batch)
+
+    assert [[read_format(row[0]) for row in b] for b in traced] == [record_id(b) for b in seen]
+
+
+def test_token_shards_pack_by_token_ranges(tmp_path: Path) -> None:
+    from tidal.convert import convert
+
+    convert(
+        str(write_records(tmp_path / "web")),
+        str(tmp_path / "tokens"),
+        to="tokens",
+        tokenizer=word_tokenizer(),
+        column="text",
+        shard_size="2kB",
+    )
+    ds = tidal.Dataset(tmp_path / "tokens").shuffle(seed=2, block_size=16).pack(20).batch(2)
+    state = saved_after(ds, 2, 3)
+    seen = resumed(ds, state, 2, 5)
+    traced = tidal.trace(ds, state, steps=5)
+    files: dict[str, list[list[int]]] = {}
+    rebuilt = []
+    for b in traced:
+        rows = []
+        for row in b:
+            tokens: list[int] = []
+            for seg in row:
+                if seg["file"] not in files:  # the shard read alone, in order, by its own reader
+                    files[seg["file"]] = [r["input_ids"].tolist() for r in tidal.Dataset(seg["file"])]
+                tokens += files[seg["file"]][seg["row"]][seg["start"] : seg["end"]]
+            rows.append(tokens)
+        rebuilt.append(rows)
+    assert len(files) > 1
+    assert rebuilt == [token_rows(b) for b in seen]
+
+
+def test_records_skipped_as_bad_keep_the_rows_of_the_others(tmp_path: Path) -> None:
+    root = write_records(tmp_path / "web")
+    lines = (root / "part-1.jsonl").read_text().splitlines()
+    lines[3] = lines[17] = "{not json"
+    (root / "part-1.jsonl").write_text("\n".join(lines) + "\n")
+    ds = tidal.Dataset(root, errors="skip").shuffle(seed=3, block_size=64).batch(4)
+    state = saved_after(ds, 0, 2)
+    seen = resumed(ds, state, 0, 20)
+    traced = tidal.trace(ds, state, steps=20)
+    assert [rebuild_ids(b) for b in traced] == [ids(b) for b in seen]
+
+
+def test_unbatched_items_and_nested_mixtures(tmp_path: Path) -> None:
+    a = tidal.Dataset(write_records(tmp_path / "a", offset=0)).repeat()
+    b = tidal.Dataset(write_records(tmp_path / "b", shards=1, offset=10_000)).repeat()
+    c = tidal.Dataset(write_records(tmp_path / "c", shards=1, offset=20_000)).repeat()
+    inner = tidal.mix({"b": b, "c": c}, weights={"b": 0.5, "c": 0.5}, seed=1)
+    ds = tidal.mix({"a": a, "bc": inner}, weights={"a": 0.5, "bc": 0.5}, seed=0)
+    state = saved_after(ds, 0, 7)
+    seen = resumed(ds, state, 0, 12)
+    traced = tidal.trace(ds, state, steps=12)
+    assert all(len(b) == 1 for b in traced)  # an unbatched item is a batch of one row
+    assert [read_back(b[0][0])["id"] for b in traced] == [int(x["id"]) for x in seen]
+    names = {b[0][0]["stream"] for b in traced}
+    assert names <= {"a", "bc/b", "bc/c"} and len(names) >= 2
+
+
+def test_a_chain_it_cannot_follow_is_untraceable(data: Path) -> None:
+    ds = tidal.Dataset(data).tokenize(word_tokenizer(), eos="<eos>").pack(8).pack(16).batch(2)
+    state = saved_after(ds, 0, 1)
+    with pytest.raises(tidal.Untraceable, match="pack"):
+        tidal.trace(ds, state, steps=1)

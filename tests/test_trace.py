@@ -375,3 +375,20 @@ def test_a_chain_it_cannot_follow_is_untraceable(data: Path) -> None:
     state = saved_after(ds, 0, 1)
     with pytest.raises(tidal.Untraceable, match="pack"):
         tidal.trace(ds, state, steps=1)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_a_jax_loader_state_traces_the_same_way(data: Path, continuous: bool) -> None:
+    pytest.importorskip("jax")
+    import tidal.jax
+
+    ds = tidal.Dataset(data).shuffle(seed=2, block_size=32).repeat().tokenize(word_tokenizer(), eos="<eos>")
+    ds = ds.pack(16).batch(4, continuous=continuous)
+    loader = tidal.jax.Loader(ds, num_workers=2)
+    for _ in itertools.islice(loader, 3):
+        pass
+    state = json.loads(json.dumps(loader.state_dict()))
+    again = tidal.jax.Loader(ds, num_workers=2)
+    again.load_state_dict(state)
+    seen = [[[int(x) for x in row] for row in np.asarray(b["input_ids"])] for b in itertools.islice(again, 4)]
+    assert [rebuild_tokens(b) for b in tidal.trace(ds, state, steps=4)] == seen

@@ -159,8 +159,7 @@ class _Rows(Locator):
     def origins(self, i: int) -> list[Origin]:
         shard, row = self._where(i)
         reader = self._reader
-        path = redact_urls(reader.path(shard))
-        return [Origin(path, row, None, None, reader.key.rstrip("/") or None, self._epoch, reader.key)]
+        return [Origin(reader.path(shard), row, None, None, reader.stream, self._epoch, reader.key)]
 
 
 class ReadIterator(StageIterator):
@@ -185,6 +184,7 @@ class ReadIterator(StageIterator):
         self._plan = plan
         self._world = world
         self.key = key
+        self._paths: dict[int, str] | None = None  # shard paths as provenance names them, once each
         self.exact = True  # one record per position (bar records skipped as bad)
         self._order: EpochOrder | None = None
         self._last: tuple[Block, int] | None = None  # the block the last table was cut from, and where
@@ -309,8 +309,18 @@ class ReadIterator(StageIterator):
         return self._epoch
 
     def path(self, shard: int) -> str:
-        """Shard ``shard``'s path or URL, as the shard list has it."""
-        return self._plan.shards[shard].path
+        """Shard ``shard``'s path or URL, as the shard list has it (never a signed URL's query)."""
+        if self._paths is None:
+            self._paths = {}
+        path = self._paths.get(shard)
+        if path is None:
+            path = self._paths[shard] = redact_urls(self._plan.shards[shard].path)
+        return path
+
+    @property
+    def stream(self) -> str | None:
+        """The mixture stream this source is read as (``"web"``, ``"outer/inner"``), else None."""
+        return self.key.rstrip("/") or None
 
     def reject(self, shard: int, row: int, why: str) -> None:
         """Record ``row`` of ``shard``, yielded last, was found bad downstream: to the policy."""

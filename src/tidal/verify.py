@@ -50,9 +50,10 @@ class Report:
     """What :func:`verify` found; ``ok`` when there is no duplicate, gap or break.
 
     ``duplicates``: ``{"epoch", "file", "row", "stream", "reads": [{"rank", "pass", "step", "start", "end"}]}``;
-    ``gaps``: ``{"rank", "state", "batches", "records": [segment, ...]}`` (records never read before
-    state ``state`` (an index into the states given); ``breaks``: lines saying which state does not
-    follow from the one before it on which rank; ``skipped``: ``{"rank", "state", "batches", "records"}``.
+    ``gaps``: ``{"rank", "state", "name", "batches", "records": [segment, ...]}``: records never
+    read before state ``state`` (an index into the states in step order), named ``name``;
+    ``breaks``: lines saying which state does not follow from the one before it on which rank;
+    ``skipped``: ``{"rank", "state", "name", "batches", "records"}``.
     """
 
     batches: int = 0  # replayed
@@ -73,7 +74,7 @@ class Report:
             out.append(f"break: {b}")
         for g in self.gaps:
             out.append(
-                f"never read: rank {g['rank']}, {g['batches']} batch(es) before state {g['state']}, "
+                f"never read: rank {g['rank']}, {g['batches']} batch(es) before {g['name']}, "
                 f"{len(g['records'])} record(s):"
             )
             out += [f"  {_where(s)}" for s in g["records"]]
@@ -82,8 +83,8 @@ class Report:
             out.append(f"read twice: epoch {d['epoch']}: {_where(d)}: {reads}")
         for s in self.skipped:
             out.append(
-                f"skipped on purpose (tidal state skip): rank {s['rank']}, {s['batches']} batch(es) after state "
-                f"{s['state'] - 1}, {len(s['records'])} record(s)"
+                f"skipped on purpose (tidal state skip): rank {s['rank']}, {s['batches']} batch(es) before "
+                f"{s['name']}, {len(s['records'])} record(s)"
             )
         verdict = "exactly once" if self.ok else "NOT exactly once"
         out.append(
@@ -103,25 +104,30 @@ def _range(read: dict) -> str:
 
 
 def verify(dataset: Dataset, states: Sequence[dict | str | Path], *, from_start: bool = True) -> Report:
-    """Replay a run from its saved states (in step order) and report records read twice or
-    never, per rank and epoch (see :mod:`tidal.verify`). ``from_start``: also replay from the
-    start of the run to the first state (not possible where the first state was itself restored
-    from another topology: then the check starts at it).
+    """Replay a run from its saved states and report records read twice or never, per rank and
+    epoch (see :mod:`tidal.verify`). The states (dicts, or paths of their JSON files) are taken
+    in step order: sorted by pass and batches consumed, so a glob's order does not matter (ties
+    keep the order given). ``from_start``: also replay from the start of the run to the first
+    state (not possible where the first state was itself restored from another topology: then
+    the check starts at it). Findings name each state by its path, or as ``states[i]``.
 
-    >>> report = tidal.verify.verify(ds, sorted(glob.glob("run/state-*.json"), key=step_of))
+    >>> report = tidal.verify.verify(ds, glob.glob("run/state-*.json"))
     >>> report.ok, report.lines()[-1]
     """
-    loaded = [load_state(s) for s in states]
-    if not loaded:
+    named = [(str(s) if not isinstance(s, dict) else f"states[{i}]", load_state(s)) for i, s in enumerate(states)]
+    if not named:
         raise StateError("no states to verify")
-    for i, state in enumerate(loaded):
-        check_layout(state, f"states[{i}]")
+    for name, state in named:
+        check_layout(state, name)
         try:
             for r, rank in enumerate(state[k.RANKS]):
                 if rank is not None:
                     Replay(dataset, state, r).check()
         except StateError as exc:
-            raise StateError(f"states[{i}]: {exc}") from None
+            raise StateError(f"{name}: {exc}") from None
+    named.sort(key=lambda ns: (ns[1][k.PASS], max((r[k.COUNTS][k.BATCHES] for r in ns[1][k.RANKS] if r), default=0)))
+    names = [name for name, _ in named]
+    loaded = [state for _, state in named]
     report = Report()
     reads: dict[tuple, list[dict]] = defaultdict(list)
     previous: dict | None = None
@@ -129,7 +135,7 @@ def verify(dataset: Dataset, states: Sequence[dict | str | Path], *, from_start:
     if not from_start or loaded[0].get(k.ORIGIN) is not None:
         previous, start = loaded[0], 1
     for i in range(start, len(loaded)):
-        _boundary(dataset, previous, loaded[i], i, report, reads)
+        _boundary(dataset, previous, loaded[i], names, i, report, reads)
         previous = loaded[i]
     for (_, epoch, file, row), got in sorted(reads.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
         if len(got) > 1 and _overlap(got):
@@ -147,7 +153,9 @@ def _overlap(got: list[dict]) -> bool:
     return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
 
 
-def _boundary(dataset: Dataset, previous: dict | None, target: dict, index: int, report: Report, reads: dict) -> None:
+def _boundary(
+    dataset: Dataset, previous: dict | None, target: dict, names: list[str], index: int, report: Report, reads: dict
+) -> None:
     """Replay every rank of ``target``'s topology from ``previous`` to ``target``."""
     ranks, workers = target[k.TOPOLOGY]
     skipped = target.get(k.SKIPPED_BATCHES, 0) - (previous or {}).get(k.SKIPPED_BATCHES, 0)
@@ -155,14 +163,14 @@ def _boundary(dataset: Dataset, previous: dict | None, target: dict, index: int,
         goal_rank = target[k.RANKS][r]
         if goal_rank is None:
             raise StateError(
-                f"states[{index}] lacks rank {r}: verifying needs every rank's state "
+                f"{names[index]} lacks rank {r}: verifying needs every rank's state "
                 "(save under torch.distributed, or combine the ranks' files with tidal.state.merge)"
             )
         replay = Replay(dataset, previous, r, ranks, workers, positions=True)
         goal = (target[k.PASS], goal_rank[k.COUNTS][k.BATCHES])
         if (replay.pass_, replay.step) > goal:
             report.breaks.append(
-                f"states[{index}] is behind states[{index - 1}] on rank {r} (pass {goal[0]} step {goal[1]}, "
+                f"{names[index]} is behind {names[index - 1]} on rank {r} (pass {goal[0]} step {goal[1]}, "
                 f"after pass {replay.pass_} step {replay.step})"
             )
             continue
@@ -173,7 +181,7 @@ def _boundary(dataset: Dataset, previous: dict | None, target: dict, index: int,
             if step is None:
                 continue  # a pass ended: the next one starts
             if taken < skipped:
-                _skip(report, r, index, step)
+                _skip(report, r, index, names[index], step)
             else:
                 _read(report, reads, r, step)
             taken += 1
@@ -189,11 +197,13 @@ def _boundary(dataset: Dataset, previous: dict | None, target: dict, index: int,
             found = _at(replay, goal_rank)
         if found:
             segments = [seg for s in lost for row in s.segments() for seg in row]
-            report.gaps.append({"rank": r, "state": index, "batches": len(lost), "records": segments})
+            report.gaps.append(
+                {"rank": r, "state": index, "name": names[index], "batches": len(lost), "records": segments}
+            )
         else:
-            before = f"states[{index - 1}]" if previous is not None else "the start of the run"
+            before = names[index - 1] if previous is not None else "the start of the run"
             report.breaks.append(
-                f"states[{index}] does not follow from {before} on rank {r}: replayed to pass {goal[0]} step "
+                f"{names[index]} does not follow from {before} on rank {r}: replayed to pass {goal[0]} step "
                 f"{goal[1]}, the readers are not where it puts them (moved back, edited, or another run's)"
             )
 
@@ -254,10 +264,10 @@ def _read(report: Report, reads: dict, rank: int, step: Step) -> None:
             )
 
 
-def _skip(report: Report, rank: int, index: int, step: Step) -> None:
+def _skip(report: Report, rank: int, index: int, name: str, step: Step) -> None:
     records = [seg for row in step.segments() for seg in row]
     if report.skipped and report.skipped[-1]["rank"] == rank and report.skipped[-1]["state"] == index:
         report.skipped[-1]["batches"] += 1
         report.skipped[-1]["records"] += records
     else:
-        report.skipped.append({"rank": rank, "state": index, "batches": 1, "records": records})
+        report.skipped.append({"rank": rank, "state": index, "name": name, "batches": 1, "records": records})

@@ -50,10 +50,15 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "verify",
         parents=parents,
         help="replay a run from its states: records read twice or never, per rank and epoch",
-        description="Replay a run between its saved states (given in step order), without training, and report "
+        description="Replay a run between its saved states (taken in step order), without training, and report "
         "per rank and epoch the records read twice or never (see tidal.verify). Exit status 1 when one is found.",
     )
-    q.add_argument("states", metavar="STATE", nargs="+", help="the run's states, saved as JSON, in step order")
+    q.add_argument(
+        "states",
+        metavar="STATE",
+        nargs="+",
+        help="the run's states, saved as JSON (taken in step order, as a glob gives them or not)",
+    )
     from tidal.commands.trace import add_pipeline
 
     add_pipeline(q)
@@ -115,9 +120,10 @@ def verify(args: argparse.Namespace) -> int:
     from tidal.commands.trace import pipeline
     from tidal.verify import verify as check
 
-    states = [read(path) for path in args.states]
+    for path in args.states:
+        read(path)  # a file that is not JSON: named as the other commands name it
     ds = pipeline(args.config)
-    report = check(ds, states, from_start=not args.from_state)
+    report = check(ds, args.states, from_start=not args.from_state)
     if args.json:
         print(json.dumps({"ok": report.ok, **vars(report)}))
     else:

@@ -392,3 +392,27 @@ def test_a_jax_loader_state_traces_the_same_way(data: Path, continuous: bool) ->
     again.load_state_dict(state)
     seen = [[[int(x) for x in row] for row in np.asarray(b["input_ids"])] for b in itertools.islice(again, 4)]
     assert [rebuild_tokens(b) for b in tidal.trace(ds, state, steps=4)] == seen
+
+
+def test_every_rank_and_a_restore_on_fewer_ranks(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=6, block_size=32).batch(3)
+    per_rank, rest = [], {}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = tidal.DataLoader(ds, num_workers=2)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        per_rank.append(json.loads(json.dumps(loader.state_dict())))
+        rest[rank] = [ids(b) for b in itertools.islice(it, 5)]
+        del it
+    state = tidal.state.merge(per_rank)
+    for rank in (0, 1):
+        traced = tidal.trace(ds, state, steps=5, rank=rank)
+        assert [rebuild_ids(b) for b in traced] == rest[rank]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    seen = resumed(ds, state, 0, 7)  # the two ranks' state, restored on one
+    traced = tidal.trace(ds, state, steps=7, world_size=1, num_workers=0)
+    assert [rebuild_ids(b) for b in traced] == [ids(b) for b in seen]

@@ -55,6 +55,8 @@ SUBMODULES = {
     "tidal.storage": ["Retry", "Storage", "is_remote", "parse_size"],
     "tidal.jax": ["Loader", "data_sharding"],
     "tidal.hf": ["TidalTrainer", "state_file"],
+    "tidal.provenance": ["Replay", "Segment", "Step", "load_state", "trace", "traced"],
+    "tidal.verify": ["Report", "verify"],
 }
 
 # Single names the docs point at inside other modules.
@@ -114,7 +116,9 @@ def test_the_documented_submodules_public_names_are_the_written_ones(module: str
     assert _public_names(module) == SUBMODULES[module]
 
 
-@pytest.mark.parametrize("module", ["tidal.state", "tidal.testing", "tidal.convert", "tidal.storage"])
+@pytest.mark.parametrize(
+    "module", ["tidal.state", "tidal.testing", "tidal.convert", "tidal.storage", "tidal.provenance", "tidal.verify"]
+)
 def test_each_public_name_of_a_submodule_is_there(module: str) -> None:
     imported = importlib.import_module(module)
     for name in SUBMODULES[module]:

@@ -416,3 +416,18 @@ def test_every_rank_and_a_restore_on_fewer_ranks(data: Path, monkeypatch: pytest
     seen = resumed(ds, state, 0, 7)  # the two ranks' state, restored on one
     traced = tidal.trace(ds, state, steps=7, world_size=1, num_workers=0)
     assert [rebuild_ids(b) for b in traced] == [ids(b) for b in seen]
+
+
+def test_a_mixture_of_packed_streams(tmp_path: Path) -> None:
+    tok = word_tokenizer()
+    web = tidal.Dataset(write_records(tmp_path / "web")).shuffle(seed=0).repeat().tokenize(tok, eos="<eos>").pack(12)
+    code = tidal.Dataset(write_records(tmp_path / "code", shards=1, offset=7)).repeat().tokenize(tok, eos="<eos>")
+    ds = tidal.mix({"web": web, "code": code.pack(12, "best_fit", buffer_size=2)}, seed=3).batch(4)
+    state = saved_after(ds, 2, 3)
+    seen = resumed(ds, state, 2, 5)
+    traced = tidal.trace(ds, state, steps=5)
+    assert [rebuild_tokens(b) for b in traced] == [unpadded(b) for b in seen]
+    for b in traced:
+        for row in b:
+            assert len({seg["stream"] for seg in row}) == 1  # a packed row is of one stream
+            assert ("/code/" in row[0]["file"]) == (row[0]["stream"] == "code")

@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
         from tidal.loader import DataLoader
 
         return DataLoader
-    if name in ("jax", "testing"):  # tidal.jax imports JAX: only when asked for; tidal.testing, the checks
+    if name in ("jax", "testing", "verify"):  # tidal.jax imports JAX: only when asked for; the checks
         import importlib
 
         return importlib.import_module(f"tidal.{name}")

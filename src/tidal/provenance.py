@@ -46,6 +46,8 @@ from tidal.world import World
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
 
+__all__ = ["Replay", "Segment", "Step", "load_state", "trace", "traced"]
+
 Segment = dict[str, Any]
 """``{"file": str, "row": int, "start": int | None, "end": int | None, "stream": str | None}``"""
 

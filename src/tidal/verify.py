@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
     from tidal.dataset import Dataset
 
+__all__ = ["Report", "verify"]
+
 SEARCH = 10_000  # batches a replay goes on looking for a state it did not reach (within its pass)
 
 

@@ -431,3 +431,24 @@ def test_a_mixture_of_packed_streams(tmp_path: Path) -> None:
         for row in b:
             assert len({seg["stream"] for seg in row}) == 1  # a packed row is of one stream
             assert ("/code/" in row[0]["file"]) == (row[0]["stream"] == "code")
+
+
+@pytest.mark.parametrize("shuffled", [False, True])  # in order, blocks stay Arrow: pack reads values and offsets
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_an_arrow_column_of_token_ids_packs_by_token_ranges(tmp_path: Path, strategy: str, shuffled: bool) -> None:
+    root = tmp_path / "ids"
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    for s in range(3):
+        docs = [rng.integers(0, 900, rng.integers(1, 30)).tolist() for _ in range(25)]
+        pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), root / f"p{s}.parquet")
+    ds = tidal.Dataset(root).shuffle(seed=4, block_size=20) if shuffled else tidal.Dataset(root)
+    ds = ds.pack(16, strategy, eos=999, buffer_size=2).batch(2)
+    state = saved_after(ds, 2, 3)
+    seen = resumed(ds, state, 2, 6)
+    traced = tidal.trace(ds, state, steps=6)
+    rebuilt = [
+        [[t for seg in row for t in ([*read_back(seg)["input_ids"], 999][seg["start"] : seg["end"]])] for row in b]
+        for b in traced
+    ]
+    assert rebuilt == [unpadded(b) for b in seen]

@@ -38,9 +38,11 @@ PUBLIC = [
     "StateError",
     "StorageError",
     "TidalError",
+    "Untraceable",
     "World",
     "index",
     "mix",
+    "trace",
 ]
 
 # The submodules the README and docs/ name, and their public names: ``__all__`` where the module
@@ -58,6 +60,8 @@ SUBMODULES = {
     "tidal.integrations.hf": ["MetricsCallback", "attach"],
     "tidal.integrations.lightning": ["MetricsCallback"],
     "tidal.integrations.prometheus": ["Server", "collector", "serve"],
+    "tidal.provenance": ["Replay", "Segment", "Step", "load_state", "trace", "traced"],
+    "tidal.verify": ["Report", "verify"],
 }
 
 # Single names the docs point at inside other modules.
@@ -120,7 +124,18 @@ def test_the_documented_submodules_public_names_are_the_written_ones(module: str
     assert _public_names(module) == SUBMODULES[module]
 
 
-@pytest.mark.parametrize("module", ["tidal.state", "tidal.testing", "tidal.convert", "tidal.storage", "tidal.sources"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tidal.state",
+        "tidal.testing",
+        "tidal.convert",
+        "tidal.storage",
+        "tidal.sources",
+        "tidal.provenance",
+        "tidal.verify",
+    ],
+)
 def test_each_public_name_of_a_submodule_is_there(module: str) -> None:
     imported = importlib.import_module(module)
     for name in SUBMODULES[module]:

@@ -3,7 +3,8 @@
 The blocks run in a fresh directory holding what the examples name: ``data/web`` (three
 shards of JSON lines, 750 records of ``{"id", "text"}``), ``tokenizer.json`` (a small
 byte-level BPE) and, for the command line, ``data_state.json`` (a loader state) and
-``pipeline.yaml``.
+``pipeline.yaml``; for blocks that name ``run/``, the states of a short run and its pipeline
+(docs/debugging.md).
 
 - ```` ```python ```` blocks are executed, each in a namespace of its own.
 - ```` ```bash ```` blocks of ``tidal ...`` commands are run, each command as
@@ -71,6 +72,8 @@ def test_the_pages_have_blocks_and_every_fence_is_closed() -> None:
 
 @pytest.mark.parametrize("code", [c for _, c in PYTHON], ids=[n for n, _ in PYTHON])
 def test_python_block_runs(workdir: Path, code: str, request: pytest.FixtureRequest) -> None:
+    if "run/" in code:
+        _run_states(workdir)
     try:
         exec(compile(code, request.node.callspec.id, "exec"), {"__name__": "__docs__"})
     finally:
@@ -94,6 +97,8 @@ def test_bash_block_runs(workdir: Path, code: str) -> None:
     if all(line.startswith("make ") for line in lines):
         pytest.skip("make targets: the test suite itself")
     _state_and_config(workdir)
+    if "run/" in code:
+        _run_states(workdir)
     for line in lines:
         args = shlex.split(line, comments=True)
         assert args[0] == "tidal", f"{line!r}: a bash block runs tidal commands, or starts with '{NOT_RUN} <why>'"
@@ -115,6 +120,21 @@ def _state_and_config(root: Path) -> None:
         "source: {src: data/web, columns: [text]}\n"
         "steps: [{shuffle: {seed: 0}}, repeat, {tokenize: {tokenizer: tokenizer.json}}, {pack: {seq_len: 128}}, {batch: {size: 8}}]\n"
     )
+
+
+def _run_states(root: Path) -> None:
+    """What docs/debugging.md's commands name: the states of a run after 10, 20 and 30 batches
+    of a packed pipeline, and the pipeline, in ``run/``."""
+    import tidal
+
+    ds = tidal.Dataset("data/web", columns=["text"]).shuffle(seed=0).repeat().tokenize("tokenizer.json")
+    ds = ds.pack(seq_len=128).batch(8)  # as the page's run: paths relative to the working directory
+    (root / "run").mkdir(exist_ok=True)
+    (root / "run" / "pipeline.json").write_text(json.dumps(ds.to_config()))
+    loader = tidal.DataLoader(ds, num_workers=2)
+    for step, _ in enumerate(itertools.islice(loader, 30), 1):
+        if step % 10 == 0:
+            (root / "run" / f"state-{step}.json").write_text(json.dumps(loader.state_dict()))
 
 
 def _anchor(heading: str) -> str:

@@ -22,7 +22,9 @@ from tidal.errors import (
     StateError,
     StorageError,
     TidalError,
+    Untraceable,
 )
+from tidal.provenance import trace
 from tidal.sources.indexing import index
 from tidal.sources.shards import Shard, Shards
 from tidal.stages.mix import Cosine, Linear, Piecewise
@@ -49,9 +51,11 @@ __all__ = [
     "StateError",
     "StorageError",
     "TidalError",
+    "Untraceable",
     "World",
     "index",
     "mix",
+    "trace",
 ]
 
 __version__ = "0.1.0"
@@ -62,8 +66,9 @@ def __getattr__(name: str) -> Any:
         from tidal.loader import DataLoader
 
         return DataLoader
-    # tidal.jax imports JAX: only when asked for; tidal.testing, the checks; tidal.integrations, the callbacks
-    if name in ("jax", "testing", "integrations"):
+    # tidal.jax imports JAX: only when asked for; tidal.testing and tidal.verify, the checks;
+    # tidal.integrations, the callbacks
+    if name in ("jax", "testing", "verify", "integrations"):
         import importlib
 
         return importlib.import_module(f"tidal.{name}")

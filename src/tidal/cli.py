@@ -1,4 +1,4 @@
-"""The ``tidal`` command: ``inspect``, ``bench``, ``plan``, ``convert``, ``state show|skip`` and ``demo``.
+"""The ``tidal`` command: ``inspect``, ``bench``, ``plan``, ``convert``, ``state show|skip|verify``, ``trace`` and ``demo``.
 
 This module only builds the parser from the command modules (:mod:`tidal.commands`) and runs
 the one asked for. An error is one line on stderr, ``tidal COMMAND: what went wrong``, naming

@@ -8,6 +8,8 @@
     │                        disagree on their columns: never skipped by ``errors="skip"``
     ├── RecordError          one bad record: names the file and its line or row
     ├── StateError           a saved state that does not fit the dataset or loader
+    ├── Untraceable          a pipeline whose provenance ``tidal.trace`` cannot give (also
+    │                        NotImplementedError): names what it cannot follow
     ├── ArgumentError        an argument a method or class does not accept, raised when it is
     │                        called (also ValueError and TypeError): names it and what it takes
     ├── MissingDependency    an optional package a feature needs is not installed (also
@@ -68,6 +70,10 @@ class RecordError(TidalError, ValueError):
 
 class StateError(TidalError, ValueError):
     """A saved state that does not describe this dataset or loader."""
+
+
+class Untraceable(TidalError, NotImplementedError):
+    """A pipeline whose provenance :func:`tidal.trace` cannot work out: names the step."""
 
 
 class ArgumentError(TidalError, ValueError, TypeError):

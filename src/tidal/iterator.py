@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tidal.errors import StateError
-from tidal.stages import Context, Stage
+from tidal.stages import Context, Locator, Origin, Stage, Unlocated
 from tidal.stages.weights import Live
 from tidal.state import keys as k
 from tidal.state.schema import check_dataset
@@ -42,6 +42,7 @@ class DatasetIterator(Iterator[Any]):
         origin: dict | None,
         where: str = "state",
         weights: Mapping[str, float] | None = None,
+        trace: bool = False,
     ):
         self.world = world
         self.stage = stage
@@ -66,8 +67,10 @@ class DatasetIterator(Iterator[Any]):
             self.items = view.view(k.COUNTS).integer(k.ITEMS)
             saved = view.get(k.WEIGHTS, None)
         self._origin = origin
+        self._trace = trace
+        self._located: Locator = Unlocated()  # with trace: where the chunk's items came from
         self._live = Live(saved, f"{where}['{k.WEIGHTS}']")
-        self._top = stage.open(Context(world, first_epoch, origin, weights=self._live), position)
+        self._top = stage.open(Context(world, first_epoch, origin, weights=self._live, trace=trace), position)
         self._live.check_attached()
         if weights is not None:  # set on the loader: from the next draw past this state on
             self._live.switch(weights)
@@ -87,6 +90,8 @@ class DatasetIterator(Iterator[Any]):
         self._chunk_position, self._chunk_used = self._top.position(), self._top.used()
         try:
             self._chunk = records(self._top.next(self._chunk_size))
+            if self._trace:
+                self._located = self._top.locate()
         except StopIteration:
             self._chunk, self._done = [], True
         self._at = 0
@@ -102,6 +107,10 @@ class DatasetIterator(Iterator[Any]):
         self._at += 1
         self.items += 1
         return item
+
+    def rows(self) -> list[list[Origin]]:
+        """With ``trace=True``: where the item yielded last came from, row by row (see :mod:`tidal.provenance`)."""
+        return self._located.rows(self._at - 1)
 
     def stats(self) -> dict:
         """Counters: items yielded, rows read, bad records skipped, tokens, padding, downloads."""

@@ -29,6 +29,7 @@ MODULES = (
     "tidal.commands.plan",
     "tidal.convert.cli",
     "tidal.commands.state",
+    "tidal.commands.trace",
     "tidal.commands.demo",
 )
 

@@ -1,4 +1,5 @@
-"""``tidal state show STATE`` and ``tidal state skip STATE --batches N``: read and edit a saved loader state."""
+"""``tidal state show STATE``, ``tidal state skip STATE --batches N`` and ``tidal state verify
+STATE...``: read, edit and check saved loader states."""
 
 from __future__ import annotations
 
@@ -45,6 +46,29 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     q.add_argument("-o", "--output", default=None, help="where to write the new state (default: STATE.skipN.json)")
     q.set_defaults(run=skip)
+    q = actions.add_parser(
+        "verify",
+        parents=parents,
+        help="replay a run from its states: records read twice or never, per rank and epoch",
+        description="Replay a run between its saved states (taken in step order), without training, and report "
+        "per rank and epoch the records read twice or never (see tidal.verify). Exit status 1 when one is found.",
+    )
+    q.add_argument(
+        "states",
+        metavar="STATE",
+        nargs="+",
+        help="the run's states, saved as JSON (taken in step order, as a glob gives them or not)",
+    )
+    from tidal.commands.trace import add_pipeline
+
+    add_pipeline(q)
+    q.add_argument(
+        "--from-state",
+        action="store_true",
+        help="start the check at the first STATE (default: replay from the start of the run to it too)",
+    )
+    q.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    q.set_defaults(run=verify)
 
 
 def read(path: str) -> dict:
@@ -90,3 +114,18 @@ def skip(args: argparse.Namespace) -> int:
     os.replace(tmp, out)
     print(f"wrote {out}: continues {args.batches} batches per rank after {args.state}")
     return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    from tidal.commands.trace import pipeline
+    from tidal.verify import verify as check
+
+    for path in args.states:
+        read(path)  # a file that is not JSON: named as the other commands name it
+    ds = pipeline(args.config)
+    report = check(ds, args.states, from_start=not args.from_state)
+    if args.json:
+        print(json.dumps({"ok": report.ok, **vars(report)}))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.ok else 1

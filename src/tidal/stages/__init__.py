@@ -22,6 +22,11 @@ cannot pack) hands it back with ``upstream.locate().reject(i, why)``: item ``i``
 upstream returned last. The source stage names its file and row and puts it to the reader's
 ``errors`` policy (raised, or skipped and counted); stages in between map the index to theirs.
 
+Provenance rides on the same locators: ``locate().origins(i)`` is what item ``i`` is made
+of, as :class:`Origin` values (file, row, token range, stream, epoch), and ``rows(i)`` the rows
+of a batch item (:mod:`tidal.provenance`). Stages that would do work to know it (packing, batching)
+do it only when opened with ``Context(trace=True)``; the normal path pays nothing.
+
 ``stage.to_config()`` writes the chain as plain data, each stage its own part
 (``config_step()``); :mod:`tidal.config` reads it back. A step is declared once, as a
 :class:`Declared` dataclass: the :class:`tidal.Dataset` method that makes it (``METHOD``) and
@@ -35,9 +40,9 @@ import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from tidal.errors import ConfigError, RecordError, SchemaError
+from tidal.errors import ConfigError, RecordError, SchemaError, Untraceable
 from tidal.state.view import View
 from tidal.tables import Table
 from tidal.world import World
@@ -55,7 +60,8 @@ class Context:
     next ones). ``origin``: the progress of an elastic restore (see :mod:`tidal.state.elastic`),
     keyed by source key. ``key``: the key of the sources below this stage: ``""`` at the top,
     ``"web/"`` inside the mixed stream ``web``. ``weights``: the weights set on a running loader,
-    for the top mixture (see :mod:`tidal.stages.weights`).
+    for the top mixture (see :mod:`tidal.stages.weights`). ``trace``: keep where every item came
+    from (:meth:`Locator.origins`), for :func:`tidal.trace`.
     """
 
     world: World
@@ -63,6 +69,7 @@ class Context:
     origin: dict | None = None
     key: str = ""
     weights: Live | None = None
+    trace: bool = False  # whether items' provenance is kept (see Locator.origins)
 
 
 class StageIterator(ABC):
@@ -120,8 +127,27 @@ class Needed:
             )
 
 
+class Origin(NamedTuple):
+    """Where (part of) an item came from: record ``row`` (0-based) of ``file``; for a packed
+    row, the token range ``[start, end)`` of that document it holds (else None); the mixture
+    ``stream`` it was drawn from (else None); the ``epoch`` it was read in and its source key."""
+
+    file: str
+    row: int
+    start: int | None = None
+    end: int | None = None
+    stream: str | None = None
+    epoch: int = 0
+    source: str = ""
+
+    def segment(self) -> dict:
+        """The public form: ``{"file", "row", "start", "end", "stream"}``."""
+        return {"file": self.file, "row": self.row, "start": self.start, "end": self.end, "stream": self.stream}
+
+
 class Locator:
-    """The records of one table as they came from the source: :meth:`reject` hands one back as bad."""
+    """The records of one table as they came from the source: :meth:`reject` hands one back as
+    bad, :meth:`origins` says where one came from."""
 
     def reject(self, i: int, why: str) -> None:
         """Item ``i`` cannot be used, for reason ``why``: a :class:`~tidal.RecordError` naming its
@@ -129,12 +155,40 @@ class Locator:
         skips it (counted in ``stats()["skipped"]``); the caller drops the item when this returns."""
         raise NotImplementedError
 
+    def origins(self, i: int) -> list[Origin]:
+        """What item ``i`` is made of: one record, or the pieces of documents of a packed row."""
+        raise Untraceable("this stage does not say where its items came from")
+
+    def rows(self, i: int) -> list[list[Origin]]:
+        """The rows of item ``i``, each as :meth:`origins` gives it: one row, or a batch's rows."""
+        return [self.origins(i)]
+
 
 class Unlocated(Locator):
     """Items that stand for no one record (batches, packed sequences): an error with no place."""
 
     def reject(self, i: int, why: str) -> None:
         raise RecordError(why)
+
+
+class Traced(Unlocated):
+    """Items whose provenance a stage opened with ``trace=True`` worked out: ``rows[i]`` for item ``i``."""
+
+    def __init__(self, rows: list[list[Origin]]):
+        self._rows = rows
+
+    def origins(self, i: int) -> list[Origin]:
+        return self._rows[i]
+
+
+class Batched(Unlocated):
+    """One batch (item 0) of the ``count`` items of ``parts`` (see :class:`Joined`), row by row."""
+
+    def __init__(self, parts: list[tuple[int, Locator]], count: int):
+        self._joined, self._count = Joined(parts), count
+
+    def rows(self, i: int) -> list[list[Origin]]:
+        return [self._joined.origins(j) for j in range(self._count)]
 
 
 class Kept(Locator):
@@ -146,6 +200,9 @@ class Kept(Locator):
     def reject(self, i: int, why: str) -> None:
         self._up.reject(self._kept[i], why)
 
+    def origins(self, i: int) -> list[Origin]:
+        return self._up.origins(self._kept[i])
+
 
 class Joined(Locator):
     """Items taken from several tables one after the other: ``parts`` of (first item, its locator)."""
@@ -154,8 +211,15 @@ class Joined(Locator):
         self._parts = parts
 
     def reject(self, i: int, why: str) -> None:
-        first, locator = self._parts[bisect.bisect_right([f for f, _ in self._parts], i) - 1]
+        first, locator = self._part(i)
         locator.reject(i - first, why)
+
+    def origins(self, i: int) -> list[Origin]:
+        first, locator = self._part(i)
+        return locator.origins(i - first)
+
+    def _part(self, i: int) -> tuple[int, Locator]:
+        return self._parts[bisect.bisect_right([f for f, _ in self._parts], i) - 1]
 
 
 class Stateless(StageIterator):

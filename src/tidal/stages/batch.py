@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidal.stages import Context, StageIterator, Stateless, Step
+from tidal.stages import Batched, Context, Locator, StageIterator, Stateless, Step, Unlocated
 from tidal.state.view import View
 from tidal.tables import Table, columns, concat, length
 
@@ -17,7 +17,7 @@ class Batch(Step):
     drop_last: bool = True
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
-        return BatchIterator(self.upstream.open(ctx, position), self.size, self.drop_last)
+        return BatchIterator(self.upstream.open(ctx, position), self.size, self.drop_last, ctx.trace)
 
     def facts(self) -> list:
         return [self.size, self.drop_last]
@@ -39,12 +39,15 @@ class Batch(Step):
 class BatchIterator(Stateless):
     """Groups records into batches of ``size``; each call returns one batch (a list of one dict)."""
 
-    def __init__(self, upstream: StageIterator, size: int, drop_last: bool):
+    def __init__(self, upstream: StageIterator, size: int, drop_last: bool, trace: bool = False):
         super().__init__(upstream)
         self._size, self._drop_last = size, drop_last
+        self._trace = trace
+        self._located: Locator = Unlocated()  # with trace: where the last batch's rows came from
 
     def next(self, max_items: int) -> Table:
         parts: list[Table] = []
+        located: list[tuple[int, Locator]] = []
         have = 0
         while have < self._size:
             try:
@@ -53,6 +56,13 @@ class BatchIterator(Stateless):
                 if have == 0 or self._drop_last:
                     raise
                 break
+            if self._trace:
+                located.append((have, self._up.locate()))
             parts.append(part)
             have += length(part)
+        if self._trace:
+            self._located = Batched(located, have)
         return [columns(concat(parts))]
+
+    def locate(self) -> Locator:
+        return self._located

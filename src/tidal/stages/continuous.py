@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tidal.errors import ArgumentError, StateError
-from tidal.stages import Context, Stage, StageIterator, add_stats
+from tidal.stages import Context, Locator, Origin, Stage, StageIterator, Unlocated, add_stats
 from tidal.stages.batch import Batch
 from tidal.state import keys as k
 from tidal.state.view import View
@@ -122,6 +122,9 @@ class ContinuousBatchIterator(StageIterator):
                 self.refilled += 1
         return [columns(concat(parts))]
 
+    def locate(self) -> Locator:
+        return _Lanes(self._rows)
+
     def position(self) -> dict:
         return {k.ROWS: [row.position() for row in self._rows]}
 
@@ -137,3 +140,13 @@ class ContinuousBatchIterator(StageIterator):
     def close(self) -> None:
         for row in self._rows:
             row.close()
+
+
+class _Lanes(Unlocated):
+    """The batch a continuous batch iterator returned last: one row per lane, each lane's last item."""
+
+    def __init__(self, lanes: list[StageIterator]):
+        self._lanes = [lane.locate() for lane in lanes]
+
+    def rows(self, i: int) -> list[list[Origin]]:
+        return [lane.origins(0) for lane in self._lanes]

@@ -330,7 +330,7 @@ class MixIterator(StageIterator):
     def _open(self, name: str, position: View | None) -> StageIterator:
         stage = self._stages[name]
         first = self._passes[name] * stage.epochs_per_pass()
-        ctx = Context(self._world, first, self._ctx.origin, f"{self._ctx.key}{name}/")
+        ctx = Context(self._world, first, self._ctx.origin, f"{self._ctx.key}{name}/", trace=self._ctx.trace)
         return stage.open(ctx, position)
 
     def _choices(self, k: int, n: int) -> np.ndarray:

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tidal.errors import StateError
-from tidal.stages import INTERNAL, Context, Needed, StageIterator, Step, add_stats
+from tidal.errors import StateError, Untraceable
+from tidal.stages import INTERNAL, Context, Locator, Needed, Origin, StageIterator, Step, Traced, Unlocated, add_stats
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.tables import Columns, Table, numpy_of, records
@@ -69,7 +69,7 @@ class Pack(Step):
     def open(self, ctx: Context, position: View | None) -> StageIterator:
         up = self.upstream.open(ctx, position.view(k.UPSTREAM) if position is not None else None)
         kind = BestFitPackIterator if self.config.strategy == "best_fit" else ConcatPackIterator
-        return kind(up, self.config, position)
+        return kind(up, self.config, position, ctx.trace)
 
     def shifts_labels(self) -> bool:
         return self.config.shift_labels
@@ -98,22 +98,32 @@ class Pack(Step):
         return {k: v for k, v in args.items() if v is not None}
 
 
-def _documents(table: Table, cfg: PackConfig, upstream: StageIterator, needed: Needed) -> tuple[np.ndarray, np.ndarray]:
+def _documents(
+    table: Table, cfg: PackConfig, upstream: StageIterator, needed: Needed, trace: bool = False
+) -> tuple[np.ndarray, np.ndarray, list[list[Origin]] | None]:
     """The documents of ``table``'s ``cfg.column`` end to end, and the length of each (``cfg.eos``
-    appended to each when given). A column of integer lists without nulls, as Arrow holds it
+    appended to each when given), and with ``trace`` where each came from (``upstream``'s
+    :meth:`~tidal.stages.Locator.origins`). A column of integer lists without nulls, as Arrow holds it
     (Parquet, Arrow, a ``datasets`` table), is read as its values and offsets, with no Python
     object per document; anything else goes record by record through :func:`_doc_tokens`."""
     flat = _flat(table, cfg.column)
     if flat is None:
-        docs = _doc_tokens(records(table), cfg, upstream, needed)
+        docs, kept = _doc_tokens(records(table), cfg, upstream, needed)
         lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
-        return (np.concatenate(docs) if docs else np.zeros(0, np.int64)), lengths
+        origins = None
+        if trace:
+            locator = upstream.locate()
+            origins = [locator.origins(i) for i in kept]
+        return (np.concatenate(docs) if docs else np.zeros(0, np.int64)), lengths, origins
     needed.seen = True
     tokens, lengths = flat
     if cfg.eos is not None:
         tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(cfg.eos, dtype=tokens.dtype))
         lengths = lengths + 1
-    return tokens, lengths
+    if trace:
+        locator = upstream.locate()
+        return tokens, lengths, [locator.origins(i) for i in range(len(lengths))]
+    return tokens, lengths, None
 
 
 def _flat(table: Table, column: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -133,8 +143,11 @@ def _flat(table: Table, column: str) -> tuple[np.ndarray, np.ndarray] | None:
     return numpy_of(values), numpy_of(lists.value_lengths()).astype(np.int64)
 
 
-def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, needed: Needed) -> list[np.ndarray]:
-    """Each record's documents as an integer array, with ``cfg.eos`` appended when given. A record
+def _doc_tokens(
+    recs: list, cfg: PackConfig, upstream: StageIterator, needed: Needed
+) -> tuple[list[np.ndarray], list[int] | range]:
+    """Each record's documents as an integer array, with ``cfg.eos`` appended when given, and the
+    records they are (those not handed to the errors policy). A record
     without one (a null, no such field, not 1-D integers) goes to the errors policy (``upstream``'s
     :meth:`~tidal.stages.StageIterator.locate`); a column the first records all lack is a
     SchemaError (``needed``)."""
@@ -164,11 +177,21 @@ def _doc_tokens(recs: list, cfg: PackConfig, upstream: StageIterator, needed: Ne
             else:
                 found = "null" if d.dtype == object else f"{d.dtype}{d.shape}"
             locator.reject(i, f"pack(): column {column!r} must hold 1-D integer token ids, found {found}")
+    kept: list[int] | range = range(len(docs))
+    if bad:
         skip = set(bad)
-        docs = [d for i, d in enumerate(docs) if i not in skip]
+        kept = [i for i in kept if i not in skip]
+        docs = [docs[i] for i in kept]
     if cfg.eos is not None:
         docs = [np.append(d, np.asarray(cfg.eos, dtype=d.dtype)) for d in docs]
-    return docs
+    return docs, kept
+
+
+def _pieces(origins: list[Origin], start: int, end: int) -> list[Origin]:
+    """Tokens ``[start, end)`` of document ``origins`` (of one record): where they are in it."""
+    if len(origins) != 1 or origins[0].start is not None:
+        raise Untraceable("pack(): an item upstream that is not one record (packed twice?) cannot be traced")
+    return [origins[0]._replace(start=start, end=end)]
 
 
 def needed(cfg: PackConfig) -> Needed:
@@ -221,15 +244,25 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, n: int, cfg: PackConfig) ->
 class _Chunk:
     """Documents pulled in one upstream call, end to end, and where that call started."""
 
-    def __init__(self, position: dict, used: dict, tokens: np.ndarray, lengths: np.ndarray):
+    def __init__(
+        self,
+        position: dict,
+        used: dict,
+        tokens: np.ndarray,
+        lengths: np.ndarray,
+        origins: list[list[Origin]] | None = None,
+    ):
         self.position, self.used = position, used
         self.tokens = tokens
         self.first = (np.cumsum(lengths) - lengths)[lengths > 0]  # where each document starts
+        self.origins = [o for o, n in zip(origins, lengths, strict=True) if n] if origins is not None else None
 
 
 class ConcatPackIterator(StageIterator):
-    def __init__(self, upstream: StageIterator, cfg: PackConfig, position: View | None):
+    def __init__(self, upstream: StageIterator, cfg: PackConfig, position: View | None, trace: bool = False):
         self._up, self._cfg = upstream, cfg
+        self._trace = trace
+        self._located: Locator = Unlocated()
         self._chunks: deque[_Chunk] = deque()
         self._pos = 0  # token offset into the first chunk
         self._ended = False
@@ -251,12 +284,12 @@ class ConcatPackIterator(StageIterator):
         except StopIteration:
             self._ended = True
             return
-        tokens, lengths = _documents(table, self._cfg, self._up, self._needed)
+        tokens, lengths, origins = _documents(table, self._cfg, self._up, self._needed, self._trace)
         if len(lengths):
             self._dtype = tokens.dtype
         else:
             tokens = tokens.astype(self._dtype)
-        self._chunks.append(_Chunk(state, consumed, tokens, lengths))
+        self._chunks.append(_Chunk(state, consumed, tokens, lengths, origins))
 
     def _available(self) -> int:
         return sum(len(c.tokens) for c in self._chunks) - self._pos
@@ -271,12 +304,40 @@ class ConcatPackIterator(StageIterator):
             raise StopIteration  # the remainder of the stream, shorter than a sequence
         tokens, starts = self._gather(n * cfg.seq_len + shift)
         out = _windows(tokens, starts, n, cfg)
+        if self._trace:
+            self._located = Traced(self._origins(n))
         self._pos += n * cfg.seq_len
         while self._chunks and self._pos >= len(self._chunks[0].tokens):
             self._pos -= len(self._chunks.popleft().tokens)
         self.sequences += n
         self.tokens += n * cfg.seq_len
         return out
+
+    def _origins(self, n: int) -> list[list[Origin]]:
+        """Where the tokens of the next ``n`` sequences are in their documents."""
+        L = self._cfg.seq_len
+        rows: list[list[Origin]] = [[] for _ in range(n)]
+        base = -self._pos  # where the chunk starts, from the first sequence's first token
+        for c in self._chunks:
+            assert c.origins is not None
+            first = c.first
+            ends = np.append(first[1:], len(c.tokens))
+            # the documents of this chunk that overlap tokens [0, n * L) of the sequences
+            d0 = max(int(np.searchsorted(ends, -base, side="right")), 0)
+            d1 = int(np.searchsorted(first, n * L - base, side="left"))
+            for d in range(d0, d1):
+                a, z = int(first[d]), int(ends[d])
+                lo, hi = max(base + a, 0), min(base + z, n * L)  # the document's tokens in the sequences
+                for j in range(lo // L, -(-hi // L) if hi > lo else 0):
+                    s, e = max(lo, j * L), min(hi, (j + 1) * L)
+                    rows[j] += _pieces(c.origins[d], s - base - a, e - base - a)
+            base += len(c.tokens)
+            if base >= n * L:
+                break
+        return rows
+
+    def locate(self) -> Locator:
+        return self._located
 
     def _gather(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``n`` tokens and where documents start among them."""
@@ -321,9 +382,12 @@ class ConcatPackIterator(StageIterator):
 
 
 class BestFitPackIterator(StageIterator):
-    def __init__(self, upstream: StageIterator, cfg: PackConfig, position: View | None):
+    def __init__(self, upstream: StageIterator, cfg: PackConfig, position: View | None, trace: bool = False):
         self._up, self._cfg = upstream, cfg
+        self._trace = trace
+        self._located: Locator = Unlocated()
         self._bins: list[dict] = []
+        self._bin_origins: list[list[Origin]] = []  # with trace: where each bin's pieces are in their documents
         self._emitted = 0
         self._buffer_position: dict | None = None
         self._buffer_used: dict = {}
@@ -342,19 +406,22 @@ class BestFitPackIterator(StageIterator):
         self._buffer_position, self._buffer_used = self._up.position(), self._up.used()
         self._bins, self._emitted = [], 0
         docs: list[np.ndarray] = []
+        origins: list[list[Origin]] = []
         budget = cfg.buffer_size * cfg.seq_len
         total = 0
         while total < budget:
             try:
-                tokens, lengths = _documents(self._up.next(cfg.chunk_docs), cfg, self._up, self._needed)
+                table = self._up.next(cfg.chunk_docs)
             except StopIteration:
                 break
+            tokens, lengths, where = _documents(table, cfg, self._up, self._needed, self._trace)
             docs += np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []
+            origins += where or []
             total += len(tokens)
         if docs:
-            self._bins = self._pack(docs)
+            self._bins = self._pack(docs, origins if self._trace else None)
 
-    def _pack(self, docs: list[np.ndarray]) -> list[dict]:
+    def _pack(self, docs: list[np.ndarray], origins: list[list[Origin]] | None = None) -> list[dict]:
         L = self._cfg.seq_len
         pieces = [(d, a, min(a + L, len(doc))) for d, doc in enumerate(docs) for a in range(0, len(doc), L)]
         pieces.sort(key=lambda p: p[1] - p[2])  # longest first; stable, so ties keep stream order
@@ -372,6 +439,8 @@ class BestFitPackIterator(StageIterator):
                 room -= size
             if room > 0:
                 bisect.insort(free, (room, b))
+        if origins is not None:
+            self._bin_origins = [[p for d, a, z in content for p in _pieces(origins[d], a, z)] for content in bins]
         return [self._sequence(docs, content) for content in bins]
 
     def _sequence(self, docs: list[np.ndarray], pieces: list[tuple[int, int, int]]) -> dict:
@@ -396,18 +465,26 @@ class BestFitPackIterator(StageIterator):
         made = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "segment_ids": segment_ids}
         return {name: made[name] for name in cfg.outputs}
 
+    def locate(self) -> Locator:
+        return self._located
+
     def next(self, max_items: int) -> Table:
         out: list[dict] = []
+        where: list[list[Origin]] = []
         while len(out) < max_items:
             if self._emitted >= len(self._bins):
                 self._fill()
                 if not self._bins:
                     break
             take = self._bins[self._emitted : self._emitted + max_items - len(out)]
+            if self._trace:
+                where += self._bin_origins[self._emitted : self._emitted + len(take)]
             out += take
             self._emitted += len(take)
         if not out:
             raise StopIteration
+        if self._trace:
+            self._located = Traced(where)
         self.sequences += len(out)
         self.tokens += len(out) * self._cfg.seq_len
         return out

@@ -25,7 +25,7 @@ import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
 from tidal.order import EpochOrder, Intervals, share
-from tidal.stages import Context, Declared, Locator, Stage, StageIterator, Unlocated
+from tidal.stages import Context, Declared, Locator, Origin, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
 from tidal.stages.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, ReadPlan
 from tidal.stages.policy import Policy
@@ -165,16 +165,25 @@ class _Rows(Locator):
 
     def __init__(self, reader: ReadIterator, block: Block, first: int):
         self._reader, self._slices, self._rows, self._first = reader, block.slices, block.rows, first
+        self._epoch = reader.epoch
 
-    def reject(self, i: int, why: str) -> None:
+    def _where(self, i: int) -> tuple[int, int]:
+        """(shard, row) of item ``i``."""
         at = self._first + i
         at = int(self._rows[at]) if self._rows is not None else at
         for shard, a, z in self._slices:
             if at < z - a:
-                self._reader.reject(shard, a + at, why)
-                return
+                return shard, a + at
             at -= z - a
         raise IndexError(i)
+
+    def reject(self, i: int, why: str) -> None:
+        self._reader.reject(*self._where(i), why)
+
+    def origins(self, i: int) -> list[Origin]:
+        shard, row = self._where(i)
+        reader = self._reader
+        return [Origin(reader.path(shard), row, None, None, reader.stream, self._epoch, reader.key)]
 
 
 class ReadIterator(StageIterator):
@@ -199,6 +208,7 @@ class ReadIterator(StageIterator):
         self._plan = plan
         self._world = world
         self.key = key
+        self._paths: dict[int, str] | None = None  # shard paths as provenance names them, once each
         self.exact = True  # one record per position (bar records skipped as bad)
         self._order: EpochOrder | None = None
         self._last: tuple[Block, int] | None = None  # the block the last table was cut from, and where
@@ -317,6 +327,25 @@ class ReadIterator(StageIterator):
 
     def locate(self) -> Locator:
         return _Rows(self, *self._last) if self._last is not None else Unlocated()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read."""
+        return self._epoch
+
+    def path(self, shard: int) -> str:
+        """Shard ``shard``'s path or URL, as the shard list has it (never a signed URL's query)."""
+        if self._paths is None:
+            self._paths = {}
+        path = self._paths.get(shard)
+        if path is None:
+            path = self._paths[shard] = redact_urls(self._plan.shards[shard].path)
+        return path
+
+    @property
+    def stream(self) -> str | None:
+        """The mixture stream this source is read as (``"web"``, ``"outer/inner"``), else None."""
+        return self.key.rstrip("/") or None
 
     def reject(self, shard: int, row: int, why: str) -> None:
         """Record ``row`` of ``shard``, yielded last, was found bad downstream: to the policy."""

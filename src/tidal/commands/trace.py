@@ -1,0 +1,84 @@
+"""``tidal trace STATE --config PIPELINE --steps N``: where every row of the next batches came from.
+
+Prints one JSON line per batch of the rank asked for: its step (the batches the rank had
+consumed in the pass before it), pass, worker and rows, each row a list of segments
+``{"file", "row", "start", "end", "stream"}`` (see :mod:`tidal.provenance`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tidal.dataset import Dataset
+
+
+def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "trace",
+        parents=parents,
+        help="which file, row and token range every row of the batches after a saved state holds",
+        description="Replay the batches a loader restored from STATE yields on one rank, without training, and "
+        "print where every row came from: one JSON line per batch, {step, pass, rank, worker, rows}, each row a list "
+        "of segments {file, row, start, end, stream} (start/end: the document's token range a packed row holds).",
+    )
+    p.add_argument("state", metavar="STATE", help="a loader state saved as JSON (json.dump(loader.state_dict(), f))")
+    add_pipeline(p)
+    p.add_argument("--steps", type=int, required=True, help="how many batches to trace")
+    p.add_argument("--rank", type=int, default=0, help="the rank whose batches to trace (default 0)")
+    p.add_argument("--skip", type=int, default=0, help="start this many batches after STATE (default 0)")
+    p.add_argument(
+        "--ranks", type=int, default=None, help="the world size STATE is restored on (default: the one it was saved on)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers per rank STATE is restored on (default: as it was saved; 0 counts as 1)",
+    )
+    p.set_defaults(run=run)
+
+
+def add_pipeline(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        required=True,
+        metavar="PIPELINE",
+        help="the pipeline config the state was saved with (.yaml, .json, .toml; see tidal.Dataset.from_config); "
+        "its loader batch_size applies as tidal.DataLoader.from_config applies it",
+    )
+
+
+def pipeline(config: str) -> Dataset:
+    """The dataset ``tidal.DataLoader.from_config(config)`` iterates: the config's chain, batched
+    by its loader ``batch_size`` where it has one."""
+    from tidal import config as schema
+    from tidal.dataset import Dataset
+
+    data = schema.load(config)
+    ds = Dataset.from_config(data)
+    settings = schema.loader_settings(data)
+    if settings.get("batch_size") is not None:
+        ds = ds.batch(settings["batch_size"], drop_last=bool(settings.get("drop_last", False)))
+    return ds
+
+
+def run(args: argparse.Namespace) -> int:
+    from tidal.commands.state import read
+    from tidal.provenance import traced
+
+    state = read(args.state)
+    ds = pipeline(args.config)
+    steps = traced(ds, state, args.steps, args.rank, skip=args.skip, world_size=args.ranks, num_workers=args.workers)
+    for step in steps:
+        line = {
+            "step": step.step,
+            "pass": step.pass_,
+            "rank": args.rank,
+            "worker": step.worker,
+            "rows": step.segments(),
+        }
+        print(json.dumps(line), flush=True)
+    return 0

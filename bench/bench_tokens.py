@@ -9,7 +9,8 @@ read whole, in a loop), which bounds any loader of them.
 
 What each side yields, so the ratios are read right: tidal ``pack(2048).batch(8)`` through
 ``tidal.DataLoader`` gives int64 ``input_ids``, ``labels``, ``position_ids`` and ``segment_ids``
-(8, 2048), all four always made; LitData gives
+(8, 2048); ``-lean`` is ``pack(2048, outputs=("input_ids",))``, int64 ``input_ids`` alone;
+``-parquet`` reads the same documents from a Parquet ``list<uint16>`` column; LitData gives
 uint16 (8, 2049) windows, and the ``+ int64`` rows add what a training loop then does with them
 (``x = b[:, :-1].long(); y = b[:, 1:].long()``).
 
@@ -31,9 +32,11 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 kind, workers, root, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-if kind == "tidal":
+if kind.startswith("tidal"):
     import tidal
-    ds = tidal.Dataset(root + "/tidal").shuffle(seed=0).repeat().pack(2048).batch(8)
+    source, column = (root + "/parquet", "tokens") if "parquet" in kind else (root + "/tidal", "input_ids")
+    outputs = ("input_ids",) if kind.endswith("lean") else ("input_ids", "labels", "position_ids", "segment_ids")
+    ds = tidal.Dataset(source).shuffle(seed=0).repeat().pack(2048, column=column, outputs=outputs).batch(8)
     loader = tidal.DataLoader(ds, num_workers=workers)
     def batches():
         yield from loader
@@ -80,7 +83,7 @@ def prepare(root: Path, tokens: int) -> None:
     import numpy as np
 
     done = root / "manifest.json"
-    if done.exists() and json.loads(done.read_text()).get("tokens") == tokens:
+    if done.exists() and json.loads(done.read_text()).get("tokens") == tokens and (root / "parquet").exists():
         return
     import shutil
 
@@ -90,11 +93,21 @@ def prepare(root: Path, tokens: int) -> None:
 
     rng = np.random.default_rng(1234)
     written = 0
+    docs = []
     with TokenWriter(root / "tidal", dtype="uint16", shard_size=16 << 20) as writer:
         while written < tokens:
             n = int(np.clip(rng.lognormal(6.3, 1.0), 16, 60_000))
-            writer.write(rng.integers(0, 32_000, n, dtype=np.uint16))
+            docs.append(rng.integers(0, 32_000, n, dtype=np.uint16))
+            writer.write(docs[-1])
             written += n
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "parquet").mkdir()
+    step = len(docs) // 4 + 1  # the same documents as a Parquet list<uint16> column, 4 files
+    for i in range(0, len(docs), step):
+        table = pa.table({"tokens": pa.array(docs[i : i + step], type=pa.list_(pa.uint16()))})
+        pq.write_table(table, root / "parquet" / f"part-{i // step}.parquet", row_group_size=4096)
     code = (
         "import glob, sys, numpy as np, litdata\n"
         "from litdata.streaming.item_loader import TokensLoader\n"
@@ -140,7 +153,19 @@ def main() -> None:
     root = Path(args.data).resolve()
     prepare(root, args.tokens)
     size = sum(os.path.getsize(f) for f in glob.glob(str(root / "tidal" / "*.tokens")))
-    configs = [("cache", 0), ("tidal", 0), ("litdata", 0), ("litdata+int64", 0), ("tidal", 2), ("litdata", 2)]
+    configs = [
+        ("cache", 0),
+        ("tidal", 0),
+        ("tidal-lean", 0),
+        ("tidal-parquet", 0),
+        ("tidal-parquet-lean", 0),
+        ("litdata", 0),
+        ("litdata+int64", 0),
+        ("tidal", 2),
+        ("tidal-lean", 2),
+        ("tidal-parquet-lean", 2),
+        ("litdata", 2),
+    ]
     results: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     load0 = os.getloadavg()[0]
     for _ in range(args.repeats):
@@ -160,7 +185,7 @@ def main() -> None:
             print(f"{'page cache, the same bytes':<32}{'':>12}{cache / 2 / 1e6:>12.1f}{'':>12}{'1.00x':>15}")
             continue
         lit = med.get(("litdata", workers))
-        ratio = f"{value / lit:.2f}x" if lit and kind == "tidal" else ""  # vs LitData's raw uint16 windows
+        ratio = f"{value / lit:.2f}x" if lit and kind.startswith("tidal") else ""  # vs LitData's raw uint16 windows
         share = f"{value * tokens * 2 / cache:.2f}x"
         name = f"{kind}, {workers} workers"
         print(f"{name:<32}{value:>12.0f}{value * tokens / 1e6:>12.1f}{ratio:>12}{share:>15}")

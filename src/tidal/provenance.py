@@ -268,7 +268,8 @@ def trace(
 
     >>> state = json.load(open("run/state-51200.json"))
     >>> batches = tidal.trace(ds, state, steps=100, rank=3)
-    >>> batches[0][0]     # the first row of the first batch
+    >>> first_batch = batches[0]
+    >>> first_batch[0]    # its first row
     [{'file': 'data/web/part-3.jsonl', 'row': 1841, 'start': 0, 'end': 417, 'stream': None}, ...]
 
     A state that is not one, or not this dataset's, is a :class:`~tidal.StateError`; a pipeline

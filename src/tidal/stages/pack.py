@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -75,7 +75,7 @@ class Pack(Step):
         return self.config.shift_labels
 
     def facts(self) -> list:  # what sequences hold, not which arrays are made of them: outputs is left out
-        return list(astuple(self.config))[:-1]
+        return [getattr(self.config, f.name) for f in fields(self.config) if f.name != "outputs"]
 
     def call(self) -> str:
         c = self.config

@@ -2,9 +2,9 @@
 by ``tidal.DataLoader`` with pinned memory and ``prefetch_to_device``, with its data-wait share.
 
 Workers adding throughput cannot be judged on a 2-core machine; this runs where the cores are.
-The corpus is synthetic pre-tokenized documents (uint16, log-normal lengths around 800 tokens),
-written as tidal token shards, as a Parquet ``list<uint16>`` column and by ``litdata.optimize``
-with its ``TokensLoader``. Each measurement is a fresh process: the time to its first batch,
+The corpus is ``bench_tokens.py``'s: synthetic pre-tokenized documents (uint16, log-normal
+lengths around 800 tokens), written as tidal token shards, as a Parquet ``list<uint16>`` column
+and by ``litdata.optimize`` with its ``TokensLoader``. Each measurement is a fresh process: the time to its first batch,
 then batches of (8, 2048) for ``--seconds``.
 
     python bench/bench_device.py --out results.json          # worker scaling, then the GPU step
@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench_tokens import prepare  # the same corpus: token shards, a Parquet column, LitData chunks
 
 SCALING = r"""
 import json, sys, time
@@ -48,48 +50,6 @@ while time.perf_counter() - start < seconds:
     b = next(it); n += 1
 print(json.dumps({"first_batch_s": first, "tokens_per_s": n * 8 * 2048 / (time.perf_counter() - start)}))
 """
-
-
-def prepare(root: Path, tokens: int) -> None:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from tidal.formats.tokens import TokenWriter
-
-    if (root / "done").exists():
-        return
-    rng = np.random.default_rng(1234)
-    docs, written = [], 0
-    while written < tokens:
-        n = int(np.clip(rng.lognormal(6.3, 1.0), 16, 60_000))
-        docs.append(rng.integers(0, 32_000, n, dtype=np.uint16))
-        written += n
-    with TokenWriter(root / "tidal", dtype="uint16", shard_size=64 << 20) as writer:
-        for d in docs:
-            writer.write(d)
-    (root / "parquet").mkdir(parents=True, exist_ok=True)
-    step = len(docs) // 8 + 1
-    for i in range(0, len(docs), step):
-        table = pa.table({"tokens": pa.array(docs[i : i + step], type=pa.list_(pa.uint16()))})
-        pq.write_table(table, root / "parquet" / f"part-{i // step:03d}.parquet", row_group_size=4096)
-    code = (
-        "import glob, numpy as np, litdata\n"
-        "from litdata.streaming.item_loader import TokensLoader\n"
-        "from tidal.formats.tokens import TokenShard\n"
-        "def docs(path):\n"
-        "    shard = TokenShard(path)\n"
-        "    ids, off = shard.tokens(0, len(shard.offsets) - 1)\n"
-        "    for a, z in zip(off[:-1], off[1:]):\n"
-        "        yield np.asarray(ids[a:z])\n"
-        "if __name__ == '__main__':\n"
-        f"    files = sorted(glob.glob({str(root / 'tidal')!r} + '/*.tokens'))\n"
-        f"    litdata.optimize(fn=docs, inputs=files, output_dir={str(root / 'litdata')!r}, "
-        "chunk_size=2049 * 8000, num_workers=8, item_loader=TokensLoader())\n"
-    )
-    (root / "make_litdata.py").write_text(code)
-    subprocess.run([sys.executable, str(root / "make_litdata.py")], check=True, capture_output=True)
-    (root / "done").write_text("")
 
 
 def scaling(root: Path, workers: list[int], seconds: float) -> list[dict]:

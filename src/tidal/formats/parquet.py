@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from tidal.errors import FormatError, RecordError, SchemaError, StorageError
 from tidal.formats import Errors, Options, Piece, bad, data_errors, source
+from tidal.formats.parquet_footer import column_bytes
 from tidal.tables import keep
 
 NAME = "parquet"
@@ -58,13 +59,7 @@ def scan(path: str, compression: str | None, file: Source | None = None) -> dict
         meta = pf.metadata
         names = pf.schema_arrow.names
         groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        sizes: dict[str, int] = {}
-        for g in range(meta.num_row_groups):
-            rg = meta.row_group(g)
-            for c in range(rg.num_columns):
-                col = rg.column(c)
-                top = col.path_in_schema.split(".", 1)[0]
-                sizes[top] = sizes.get(top, 0) + col.total_compressed_size
+        sizes = column_bytes(path, meta)  # not meta.row_group(g).column(c): a damaged footer aborts the process there
     except StorageError:
         raise
     except data_errors() as exc:

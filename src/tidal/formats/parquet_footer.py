@@ -1,0 +1,123 @@
+"""The bytes of each column of a Parquet file, read from its footer's Thrift without pyarrow's
+``RowGroupMetaData.column()``.
+
+That accessor builds the C++ column-chunk metadata outside pyarrow's exception handling: a
+damaged footer (a level histogram of the wrong length, say) throws a C++ exception nothing
+catches, and the process aborts. Reading the data reports the same damage as an ``OSError``,
+so only this one look at the footer needs its own way in: the footer pyarrow parsed, written
+back out (``FileMetaData.__reduce__``), and decoded here with Thrift's compact protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidal.errors import FormatError
+
+# compact protocol types
+_STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(13)
+_MAX_DEPTH = 64
+
+# field ids in parquet.thrift
+_FILE_ROW_GROUPS = 4
+_GROUP_COLUMNS = 1
+_CHUNK_META = 3
+_META_PATH, _META_COMPRESSED = 3, 7
+
+
+class _Reader:
+    """Thrift's compact protocol over ``buf``: every struct as ``{field id: value}``."""
+
+    def __init__(self, buf: bytes):
+        self.buf, self.at = buf, 0
+
+    def byte(self) -> int:
+        if self.at >= len(self.buf):
+            raise ValueError("the footer ends inside a value")
+        self.at += 1
+        return self.buf[self.at - 1]
+
+    def varint(self) -> int:
+        shift = value = 0
+        while True:
+            b = self.byte()
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value
+            shift += 7
+            if shift > 70:
+                raise ValueError("a varint longer than 10 bytes")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.at + n > len(self.buf):
+            raise ValueError("the footer ends inside a value")
+        self.at += n
+        return self.buf[self.at - n : self.at]
+
+    def value(self, kind: int, depth: int) -> Any:
+        if depth > _MAX_DEPTH:
+            raise ValueError("values nested too deep")
+        if kind in (_TRUE, _FALSE):  # a bool field is its type; in a list, one byte
+            return kind == _TRUE
+        if kind == _BYTE:
+            return self.byte()
+        if kind in (_I16, _I32, _I64):
+            return self.zigzag()
+        if kind == _DOUBLE:
+            return self.take(8)
+        if kind == _BINARY:
+            return self.take(self.varint())
+        if kind in (_LIST, _SET):
+            head = self.byte()
+            size, item = head >> 4, head & 0x0F
+            if size == 15:
+                size = self.varint()
+            if item in (_TRUE, _FALSE):
+                return [self.byte() == 1 for _ in range(size)]
+            return [self.value(item, depth + 1) for _ in range(size)]
+        if kind == _MAP:
+            size = self.varint()
+            if not size:
+                return {}
+            types = self.byte()
+            return {self.value(types >> 4, depth + 1): self.value(types & 0x0F, depth + 1) for _ in range(size)}
+        if kind == _STRUCT:
+            return self.struct(depth + 1)
+        raise ValueError(f"unknown Thrift type {kind}")
+
+    def struct(self, depth: int = 0) -> dict[int, Any]:
+        fields: dict[int, Any] = {}
+        last = 0
+        while True:
+            head = self.byte()
+            kind = head & 0x0F
+            if kind == _STOP:
+                return fields
+            delta = head >> 4
+            last = last + delta if delta else self.zigzag()
+            fields[last] = self.value(kind, depth)
+
+
+def column_bytes(path: str, metadata: Any) -> dict[str, int]:
+    """Compressed bytes of each top-level column over every row group of ``metadata`` (a
+    ``pyarrow.parquet.FileMetaData``); FormatError naming ``path`` where the footer lacks them."""
+    try:
+        (serialized,) = metadata.__reduce__()[1]
+        footer = _Reader(serialized.to_pybytes()).struct()
+    except ValueError as exc:
+        raise FormatError(f"{path}: corrupt Parquet footer: {exc}") from None
+    sizes: dict[str, int] = {}
+    for g, group in enumerate(footer.get(_FILE_ROW_GROUPS, [])):
+        for c, chunk in enumerate(group.get(_GROUP_COLUMNS, [])):
+            meta = chunk.get(_CHUNK_META)
+            names = meta.get(_META_PATH) if isinstance(meta, dict) else None
+            size = meta.get(_META_COMPRESSED) if isinstance(meta, dict) else None
+            if not names or not isinstance(names[0], bytes) or not isinstance(size, int) or size < 0:
+                raise FormatError(f"{path}: corrupt Parquet footer: row group {g}, column {c} has no path or size")
+            top = names[0].decode("utf-8", "replace")
+            sizes[top] = sizes.get(top, 0) + size
+    return sizes

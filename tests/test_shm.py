@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import make_shards
 
 import tidal
@@ -66,6 +67,10 @@ def test_packed_token_batches_through_shared_memory_are_the_pipes(data: Path, mo
     assert len(through_memory) == len(through_pipe) > 10
     assert set(through_memory[0]) >= {"input_ids", "labels", "position_ids"}
     assert all(same(a, b) for a, b in zip(through_memory, through_pipe, strict=True))
+    in_process = list(tidal.DataLoader(ds))  # the same batches, made in the loop: the dtypes a model gets
+    want = {"input_ids": torch.int64, "labels": torch.int64, "position_ids": torch.int64, "segment_ids": torch.int32}
+    for made in (through_memory, through_pipe, in_process):
+        assert {k: v.dtype for k, v in made[0].items()} == want
 
 
 def token_ids(record: dict) -> dict:

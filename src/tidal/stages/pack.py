@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,7 @@ from tidal.tables import Columns, Table, numpy_of, records
 
 IGNORE = -100
 OUTPUTS = ("input_ids", "labels", "position_ids", "segment_ids")
+AHEAD_TOKENS = 1 << 17  # concat makes sequences up to this many tokens at a time (8 batches of 8 x 2048)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def _documents(
     flat = _flat(table, cfg.column)
     if flat is None:
         docs, kept = _doc_tokens(records(table), cfg, upstream, needed)
-        lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
+        lengths = np.fromiter(map(len, docs), np.int64, len(docs))
         origins = None
         if trace:
             locator = upstream.locate()
@@ -153,11 +154,15 @@ def _doc_tokens(
     SchemaError (``needed``)."""
     column = cfg.column
     try:
-        docs = [r[column] if isinstance(r[column], np.ndarray) else np.asarray(r[column]) for r in recs]
+        values = [r[column] for r in recs]
         needed.seen = True
-    except (KeyError, TypeError, IndexError, ValueError):
-        docs = [_tokens(r, column) for r in recs]
+    except (KeyError, TypeError, IndexError):
+        docs = [_tokens(r, column) for r in recs]  # None: the record has no such field
         needed.check(recs)
+    else:
+        if all(type(d) is np.ndarray and d.ndim == 1 and d.dtype.kind in "iu" for d in values):  # token shards
+            return _with_eos(values, cfg), range(len(values))
+        docs = [d if isinstance(d, np.ndarray) else _as_array(d) for d in values]
     bad = [i for i, d in enumerate(docs) if d is None or d.ndim != 1 or (d.dtype.kind not in "iu" and d.size)]
     empty = [
         i for i, d in enumerate(docs) if d is not None and d.ndim == 1 and d.size == 0 and d.dtype.kind not in "iu"
@@ -182,9 +187,21 @@ def _doc_tokens(
         skip = set(bad)
         kept = [i for i in kept if i not in skip]
         docs = [docs[i] for i in kept]
-    if cfg.eos is not None:
-        docs = [np.append(d, np.asarray(cfg.eos, dtype=d.dtype)) for d in docs]
-    return docs, kept
+    return _with_eos(cast("list[np.ndarray]", docs), cfg), kept  # the None were bad
+
+
+def _with_eos(docs: list[np.ndarray], cfg: PackConfig) -> list[np.ndarray]:
+    if cfg.eos is None:
+        return docs
+    return [np.append(d, np.asarray(cfg.eos, dtype=d.dtype)) for d in docs]
+
+
+def _as_array(value: Any) -> np.ndarray:
+    """A record's token ids as an array; an object array of None where they are ragged lists."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError):
+        return np.asarray(None)
 
 
 def _pieces(origins: list[Origin], start: int, end: int) -> list[Origin]:
@@ -202,10 +219,7 @@ def _tokens(rec: Any, column: str) -> np.ndarray | None:
     """The value of ``column`` in ``rec`` as an array; None where it has none."""
     if not isinstance(rec, dict) or column not in rec:
         return None
-    try:
-        return np.asarray(rec[column])
-    except (TypeError, ValueError):  # ragged nested lists
-        return np.asarray(None)
+    return _as_array(rec[column])
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, n: int, cfg: PackConfig) -> Columns:
@@ -233,12 +247,25 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, n: int, cfg: PackConfig) ->
         bounds = np.union1d(starts[starts < T], rows)  # where each piece of a document begins
         lengths = np.diff(bounds, append=T)
         if "position_ids" in want:
-            out["position_ids"] = (np.arange(T) - np.repeat(bounds, lengths)).reshape(n, L)
+            out["position_ids"] = np.subtract(_arange(T), np.repeat(bounds, lengths)).reshape(n, L)
         if "segment_ids" in want:
             first = np.searchsorted(bounds, rows)  # each sequence's first piece
             piece = np.arange(len(bounds)) - np.repeat(first, np.diff(first, append=len(bounds))) + 1
             out["segment_ids"] = np.repeat(piece.astype(np.int32), lengths).reshape(n, L)
     return out
+
+
+_ARANGE = np.arange(0)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n)`` (int64), read-only, from one made once for the longest asked so far."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        made = np.arange(n)
+        made.flags.writeable = False
+        _ARANGE = made
+    return _ARANGE[:n]
 
 
 class _Chunk:
@@ -265,6 +292,8 @@ class ConcatPackIterator(StageIterator):
         self._located: Locator = Unlocated()
         self._chunks: deque[_Chunk] = deque()
         self._pos = 0  # token offset into the first chunk
+        self._ready: Columns | None = None  # sequences made from token _pos on, the first _served of them out
+        self._served = 0
         self._ended = False
         self._dtype = np.dtype(np.int64)
         self._needed = needed(cfg)
@@ -295,23 +324,35 @@ class ConcatPackIterator(StageIterator):
         return sum(len(c.tokens) for c in self._chunks) - self._pos
 
     def next(self, max_items: int) -> Table:
-        cfg = self._cfg
-        shift = 1 if cfg.shift_labels else 0
-        while self._available() < max_items * cfg.seq_len + shift and not self._ended:
-            self._pull()
-        n = min(max_items, max(0, self._available() - shift) // cfg.seq_len)
-        if n == 0:
-            raise StopIteration  # the remainder of the stream, shorter than a sequence
-        tokens, starts = self._gather(n * cfg.seq_len + shift)
-        out = _windows(tokens, starts, n, cfg)
+        L = self._cfg.seq_len
+        if self._ready is None or self._served == len(self._ready):
+            self._ready, self._served = self._windows_ahead(max_items), 0
+        n = min(max_items, len(self._ready) - self._served)
+        out = Columns({name: rows[self._served : self._served + n] for name, rows in self._ready.items()})
+        self._served += n
         if self._trace:
             self._located = Traced(self._origins(n))
-        self._pos += n * cfg.seq_len
+        self._pos += n * L
         while self._chunks and self._pos >= len(self._chunks[0].tokens):
             self._pos -= len(self._chunks.popleft().tokens)
         self.sequences += n
-        self.tokens += n * cfg.seq_len
+        self.tokens += n * L
         return out
+
+    def _windows_ahead(self, max_items: int) -> Columns:
+        """The next sequences: up to 8 calls' worth of ``max_items``, or :data:`AHEAD_TOKENS` tokens,
+        where the stream has them, made in one go so that each numpy call's cost is paid once
+        for several batches. Only made, not taken: the position moves as they are served."""
+        cfg = self._cfg
+        shift = 1 if cfg.shift_labels else 0
+        want = max_items * max(1, min(8, AHEAD_TOKENS // (max_items * cfg.seq_len)))
+        while self._available() < want * cfg.seq_len + shift and not self._ended:
+            self._pull()
+        n = min(want, max(0, self._available() - shift) // cfg.seq_len)
+        if n == 0:
+            raise StopIteration  # the remainder of the stream, shorter than a sequence
+        tokens, starts = self._gather(n * cfg.seq_len + shift)
+        return _windows(tokens, starts, n, cfg)
 
     def _origins(self, n: int) -> list[list[Origin]]:
         """Where the tokens of the next ``n`` sequences are in their documents."""

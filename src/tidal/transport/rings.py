@@ -29,7 +29,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -227,15 +227,16 @@ def pack_columns(columns: dict[str, Any], name: str, slots: int) -> tuple[dict[s
     return None if where is None else (rest, (where, names))
 
 
-def unpack_columns(columns: dict[str, Any], packed: tuple) -> dict[str, Any]:
-    """``columns`` with what :func:`pack_columns` moved to shared memory back in place."""
+def unpack_columns(columns: dict[str, Any], packed: tuple, wide: Collection[str] = ()) -> dict[str, Any]:
+    """``columns`` with what :func:`pack_columns` moved to shared memory back in place; those
+    named in ``wide`` as int64, widened as they are copied out (one pass over them, not two)."""
     where, names = packed
 
     def read(views: list[np.ndarray]) -> dict[str, Any]:
         arrays, out = iter(views), dict(columns)
         for key, kind in names:
             if kind == "array":
-                out[key] = next(arrays).copy()
+                out[key] = next(arrays).astype(np.int64) if key in wide else next(arrays).copy()
             else:  # the strings made straight from the slot: no copy of the text first
                 data, offsets = next(arrays), next(arrays)
                 out[key] = Strings.read(data, offsets, out[key].starts)

@@ -1,7 +1,8 @@
 """The converter for torch: a bundle whose batches come out as tensors (views of its arrays).
 
 Integer columns cross from a worker as narrow as their values allow and are widened to int64
-as each batch is taken out; token ids become int64, which torch wants for indexing.
+as the bundle arrives in the training process; token ids become int64, which torch wants for
+indexing.
 """
 
 from __future__ import annotations
@@ -39,11 +40,9 @@ def _to_torch(value: Any) -> Any:
 
 
 def _narrow(value: np.ndarray) -> tuple[np.ndarray, bool]:
-    """An integer column as it crosses from a worker: as few bytes as its values need, and
-    whether the main process must widen it back to int64 (token ids stay uint16/uint32;
-    int64 labels and positions travel as int32). Pipes, not the work, bound packed batches."""
-    if value.dtype in (np.uint16, np.uint32):
-        return value, True
+    """An int64 column as it crosses from a worker through a pipe: as int32 where its values
+    fit, and whether it was (the main process widens it back). Pipes, not the work, bound
+    packed batches; through shared memory the scans and the copy would cost more than they save."""
     if value.dtype == np.int64 and value.size:
         lo, hi = value.min(), value.max()
         if lo >= -(1 << 31) and hi < (1 << 31):
@@ -58,9 +57,10 @@ def _keep(value: np.ndarray) -> np.ndarray:
 class TorchBundle(Bundle):
     """A bundle whose items are tensors (views of the bundle's arrays), pinnable by torch.
 
-    Packed for another process (``pack``), its integer columns travel narrow (:func:`_narrow`)
-    and are widened to int64 as each batch is taken out in the main process. Made in the
-    training process, its items hold tensors from the start."""
+    Packed for another process (``pack``), its token ids travel as they are (uint16/uint32) and,
+    through a pipe, its int64 columns as int32 (:func:`_narrow`); all are widened to int64 as the
+    bundle arrives in the main process (one pass, out of shared memory). Made in the training
+    process, its items hold tensors from the start."""
 
     def __init__(
         self,
@@ -75,40 +75,45 @@ class TorchBundle(Bundle):
         super().__init__(worker, items, states, end, pack, _keep if pack else _tensor)
         self.pack = pack
         self.ring = ring  # (segment, slots) of the shared memory its worker sends through (tidal.transport.rings); None: the pipe
-        self.wide: set[str] = set()
+        self.wide: set[str] = set()  # columns the main process widens to int64: token ids stay uint16/uint32 until then
         if self.columns is not None:
-            for name, col in self.columns.items():
-                if _numeric(col):
-                    self.columns[name], wide = _narrow(col)
-                    if wide:
-                        self.wide.add(name)
+            self.wide = {k for k, v in self.columns.items() if _numeric(v) and v.dtype in (np.uint16, np.uint32)}
         elif pack and self.items is not None:
             self.items = [prepare(i, widen) for i in self.items]
 
     def item(self, j: int) -> Any:
         if self.columns is not None:
-            wide = self.wide
             return {
-                k: (torch.from_numpy(col[j]).long() if k in wide else torch.from_numpy(col[j]))
-                if _numeric(col)
-                else _to_torch(col[j])
-                for k, col in self.columns.items()
+                k: torch.from_numpy(col[j]) if _numeric(col) else _to_torch(col[j]) for k, col in self.columns.items()
             }
         assert self.items is not None
         return _to_torch(self.items[j]) if self.pack else self.items[j]
 
     def __getstate__(self) -> dict:  # pickled in a worker: the arrays through shared memory where it can
         state = dict(self.__dict__)
-        if self.columns is not None and self.ring is not None:
+        if self.columns is None:
+            return state
+        if self.ring is not None:
             moved = rings.pack_columns(self.columns, *self.ring)
             if moved is not None:
                 state["columns"], state["shm"] = moved
+                return state
+        columns, wide = dict(self.columns), set(self.wide)  # through the pipe: int64 as int32 where it fits
+        for name, col in columns.items():
+            if _numeric(col) and name not in wide:
+                columns[name], narrowed = _narrow(col)
+                if narrowed:
+                    wide.add(name)
+        state["columns"], state["wide"] = columns, wide
         return state
 
     def __setstate__(self, state: dict) -> None:  # in the training process, as the message arrives
-        packed = state.pop("shm", None)
+        packed, wide = state.pop("shm", None), state.get("wide", ())
         if packed is not None:
-            state["columns"] = rings.unpack_columns(state["columns"], packed)
+            state["columns"] = rings.unpack_columns(state["columns"], packed, wide)
+        elif state.get("columns") is not None:
+            state["columns"] = {k: v.astype(np.int64) if k in wide else v for k, v in state["columns"].items()}
+        state["wide"] = set()  # int64 from here on: what pin_memory pins is what the batches are
         self.__dict__.update(state)
 
     def pin_memory(self) -> TorchBundle:  # called by torch when pin_memory=True

@@ -92,8 +92,32 @@ def _take(column: Any, indices: np.ndarray, where: list[int]) -> Any:
     if isinstance(column, np.ndarray):
         return column[indices]
     if isinstance(column, pa.ChunkedArray):
-        return column.take(_int64s(indices))
+        lists = _take_lists(column, indices)
+        return lists if lists is not None else column.take(_int64s(indices))
     return [column[i] for i in where]
+
+
+def _take_lists(column: pa.ChunkedArray, indices: np.ndarray) -> pa.ChunkedArray | None:
+    """A column of integer lists without nulls (token ids) permuted list by list as slices of
+    its values: several times faster than Arrow's ``take`` of lists. None for any other column."""
+    kind = column.type
+    if (
+        not (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+        or not pa.types.is_integer(kind.value_type)
+        or column.null_count
+    ):
+        return None
+    lists = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if lists.values.null_count:
+        return None
+    values, offsets = numpy_of(lists.values), numpy_of(lists.offsets)  # offsets into the whole values
+    starts, ends = offsets[:-1][indices], offsets[1:][indices]
+    pieces = [values[a:z] for a, z in zip(starts.tolist(), ends.tolist(), strict=True)]
+    taken = np.concatenate(pieces) if pieces else values[:0]
+    bounds = np.zeros(len(indices) + 1, dtype=offsets.dtype)
+    np.cumsum(ends - starts, out=bounds[1:])
+    made = type(lists).from_arrays(_arrow(bounds), _arrow(taken), type=kind)
+    return pa.chunked_array([made], type=kind)
 
 
 def _int64s(values: np.ndarray) -> pa.Array:

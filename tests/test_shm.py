@@ -73,6 +73,21 @@ def test_packed_token_batches_through_shared_memory_are_the_pipes(data: Path, mo
         assert {k: v.dtype for k, v in made[0].items()} == want
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs a GPU")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pin_memory_pins_every_array_of_a_packed_batch(data: Path, workers: int) -> None:
+    # token ids were widened with .long() after torch pinned the bundle, and a bundle made in
+    # the training process had nothing pinned: the batches reached the loop in pageable memory
+    ds = tidal.Dataset(data).shuffle(seed=1).map(token_ids).pack(16).batch(4)
+    batch = next(iter(tidal.DataLoader(ds, num_workers=workers, pin_memory=True)))
+    assert {k: (v.dtype, v.is_pinned()) for k, v in batch.items()} == {
+        "input_ids": (torch.int64, True),
+        "labels": (torch.int64, True),
+        "position_ids": (torch.int64, True),
+        "segment_ids": (torch.int32, True),
+    }
+
+
 def token_ids(record: dict) -> dict:
     return {"input_ids": [record["id"] * 7 % 50_000 + k for k in range(record["id"] % 9 + 1)]}
 

@@ -120,10 +120,21 @@ class TorchBundle(Bundle):
         new = object.__new__(TorchBundle)
         new.__dict__.update(self.__dict__)
         if self.columns is not None:
-            new.columns = {
-                k: torch.from_numpy(v).pin_memory().numpy() if _numeric(v) else v for k, v in self.columns.items()
-            }
+            new.columns = {k: _pinned(v) for k, v in self.columns.items()}
+        elif self.items is not None:  # made in the training process (no worker), or not stackable
+            new.items = [_pinned(i) for i in self.items]
         return new
+
+
+def _pinned(value: Any) -> Any:
+    """``value`` with its tensors and numeric arrays (nested dicts included) in pinned memory."""
+    if isinstance(value, torch.Tensor):
+        return value.pin_memory()
+    if _numeric(value):
+        return torch.from_numpy(value).pin_memory().numpy()
+    if isinstance(value, dict):
+        return {k: _pinned(v) for k, v in value.items()}
+    return value
 
 
 def as_tensors(item: Any) -> Any:

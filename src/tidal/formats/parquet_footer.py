@@ -26,14 +26,18 @@ _META_PATH, _META_COMPRESSED = 3, 7
 
 
 class _Reader:
-    """Thrift's compact protocol over ``buf``: every struct as ``{field id: value}``."""
+    """Thrift's compact protocol over ``buf``: every struct as ``{field id: value}``; a
+    FormatError naming ``path`` where the bytes are not that."""
 
-    def __init__(self, buf: bytes):
-        self.buf, self.at = buf, 0
+    def __init__(self, buf: bytes, path: str):
+        self.buf, self.at, self.path = buf, 0, path
+
+    def damaged(self, why: str) -> FormatError:
+        return FormatError(f"{self.path}: corrupt Parquet footer: {why}")
 
     def byte(self) -> int:
         if self.at >= len(self.buf):
-            raise ValueError("the footer ends inside a value")
+            raise self.damaged("it ends inside a value")
         self.at += 1
         return self.buf[self.at - 1]
 
@@ -46,7 +50,7 @@ class _Reader:
                 return value
             shift += 7
             if shift > 70:
-                raise ValueError("a varint longer than 10 bytes")
+                raise self.damaged("a varint longer than 10 bytes")
 
     def zigzag(self) -> int:
         n = self.varint()
@@ -54,13 +58,13 @@ class _Reader:
 
     def take(self, n: int) -> bytes:
         if n < 0 or self.at + n > len(self.buf):
-            raise ValueError("the footer ends inside a value")
+            raise self.damaged("it ends inside a value")
         self.at += n
         return self.buf[self.at - n : self.at]
 
     def value(self, kind: int, depth: int) -> Any:
         if depth > _MAX_DEPTH:
-            raise ValueError("values nested too deep")
+            raise self.damaged("values nested too deep")
         if kind in (_TRUE, _FALSE):  # a bool field is its type; in a list, one byte
             return kind == _TRUE
         if kind == _BYTE:
@@ -87,7 +91,7 @@ class _Reader:
             return {self.value(types >> 4, depth + 1): self.value(types & 0x0F, depth + 1) for _ in range(size)}
         if kind == _STRUCT:
             return self.struct(depth + 1)
-        raise ValueError(f"unknown Thrift type {kind}")
+        raise self.damaged(f"unknown Thrift type {kind}")
 
     def struct(self, depth: int = 0) -> dict[int, Any]:
         fields: dict[int, Any] = {}
@@ -105,11 +109,8 @@ class _Reader:
 def column_bytes(path: str, metadata: Any) -> dict[str, int]:
     """Compressed bytes of each top-level column over every row group of ``metadata`` (a
     ``pyarrow.parquet.FileMetaData``); FormatError naming ``path`` where the footer lacks them."""
-    try:
-        (serialized,) = metadata.__reduce__()[1]
-        footer = _Reader(serialized.to_pybytes()).struct()
-    except ValueError as exc:
-        raise FormatError(f"{path}: corrupt Parquet footer: {exc}") from None
+    (serialized,) = metadata.__reduce__()[1]
+    footer = _Reader(serialized.to_pybytes(), path).struct()
     sizes: dict[str, int] = {}
     for g, group in enumerate(footer.get(_FILE_ROW_GROUPS, [])):
         for c, chunk in enumerate(group.get(_GROUP_COLUMNS, [])):

@@ -9,6 +9,7 @@ import struct
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import tidal
 from tidal.testing import assert_partition_exact, assert_resumes_exactly, same
 
 litdata = pytest.importorskip("litdata")
+pytest_plugins = ["s3_fixtures"]
 pytestmark = pytest.mark.slow  # litdata.optimize starts worker processes: seconds per dataset
 
 
@@ -247,3 +249,20 @@ def test_an_index_json_naming_a_chunk_outside_its_directory_is_refused(dirs: dic
     (copy / "index.json").write_text(json.dumps(index))
     with pytest.raises(tidal.FormatError, match=r"index.json: chunk '../elsewhere.bin' is not a file name"):
         tidal.Dataset(copy)
+
+
+@pytest.mark.parametrize("name", ["mixed", "tokens", "mixed-batch", "tokens-zstd"])
+def test_a_litdata_directory_on_s3_reads_as_the_local_one(
+    dirs: dict[str, Path], name: str, s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    # a remote chunk-*.bin is LitData when index.json is beside it, and is scanned with that
+    # index.json (fetched once for the directory): before, it asked for format= and then failed
+    url = s3.upload(dirs[name], bucket, name)
+    remote = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache")
+    local = tidal.Dataset(dirs[name])
+    assert remote.num_records == local.num_records > 0
+    key = "input_ids" if name.startswith("tokens") else "n"
+    got, want = list(remote.shuffle(seed=4)), list(local)
+    # the same records; in another order, as the remote chunks are taken in their names' order
+    # (a local directory in index.json's)
+    assert sorted(np.asarray(g[key]).tolist() for g in got) == sorted(np.asarray(w[key]).tolist() for w in want)

@@ -78,6 +78,7 @@ NAME = "litdata"
 __all__ = ["NAME", "claims", "columns", "files", "open", "scan"]
 
 INDEX = "index.json"
+MANIFEST = INDEX  # what a remote chunk's scan is given the bytes of (tidal.sources.counting)
 FOOTER_MAGIC = b"LDARW01\x00"
 FRAMED_MAGIC = b"LDFZ01\x00\x00"  # the batch layout's first bytes
 _FRAME = np.dtype([("first", "<u4"), ("items", "<u4"), ("at", "<u8"), ("compressed", "<u4"), ("inflated", "<u4")])
@@ -130,12 +131,16 @@ def files(root: str) -> tuple[list[str], None] | None:
     return (out, None) if out else None
 
 
-def _config(path: str, src: Any) -> tuple[dict, dict]:
-    """The directory's config and this chunk's entry in ``index.json``."""
-    where = os.path.join(os.path.dirname(src if isinstance(src, str) else path), INDEX)
+def _config(path: str, src: Any, manifest: bytes | None = None) -> tuple[dict, dict]:
+    """The directory's config and this chunk's entry in ``index.json`` (``manifest``: its bytes,
+    fetched beside a remote chunk; else the file beside ``src``)."""
+    where = os.path.join(os.path.dirname(path if manifest is not None or not isinstance(src, str) else src), INDEX)
     try:
-        with builtins.open(where, "rb") as f:
-            index = json.load(f)
+        if manifest is not None:
+            index = json.loads(manifest)
+        else:
+            with builtins.open(where, "rb") as f:
+                index = json.load(f)
         config, chunks = index["config"], index["chunks"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FormatError(f"{path}: a LitData chunk is read with the index.json beside it: {exc}") from None
@@ -150,9 +155,9 @@ def _leaf_names(data_format: list[str]) -> list[str]:
     return [f.split(":", 1)[0] for f in data_format]
 
 
-def scan(path: str, compression: str | None, file: str | None = None) -> dict:
+def scan(path: str, compression: str | None, file: str | None = None, manifest: bytes | None = None) -> dict:
     src = file or path
-    config, entry = _config(path, src)
+    config, entry = _config(path, src, manifest)
     if config.get("encryption"):
         raise FormatError(f"{path}: encrypted LitData chunks are not supported")
     level = config.get("compression_level") or "chunk"

@@ -28,15 +28,18 @@ import hashlib
 import inspect
 import logging
 import os
+import posixpath
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from tidal.errors import FormatError, StorageError
+from tidal.errors import FormatError, SourceError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
 from tidal.sources.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
 from tidal.sources.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
@@ -422,15 +425,16 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
     from tidal.storage.cache import Entry
 
     entry: dict = {"bytes": stat.size, "version": stat.version}
+    siblings = _Siblings.of(fetcher)
     try:
-        name, compression = detect(url, format)
+        name, compression = detect(url, format, exists=siblings.exists)
         entry.update(format=name, compression=compression)
         if _footer_only(url, stat.size, (name, compression)):
             with fetcher.range_file(url, stat.size) as f:  # the footer is enough: ranged GETs
                 info = _scan_file(name, url, compression, f)
         else:
             with fetcher.acquire(Entry(url, stat.size, stat.version)) as handle:
-                info = _scan_file(name, url, compression, str(handle.path))
+                info = _scan_file(name, url, compression, str(handle.path), siblings)
                 entry["hash"] = handle.digest
     except StorageError:
         raise
@@ -455,9 +459,67 @@ def _footer_only(url: str, size: int, detected: tuple[str, str | None] | None = 
     return name == "parquet" and compression is None and size > 0
 
 
-def _scan_file(name: str, url: str, compression: str | None, file: Any) -> dict:
-    """``scan`` of a format, given where the bytes are; errors name ``url``."""
-    scan = module(name).scan
+class _Siblings:
+    """What a remote file's format is decided by, or read with, beside it: whether a sibling
+    exists (a LitData ``index.json``, a Megatron ``.idx``) and a manifest's bytes, each asked
+    of the store once per count (``of(fetcher)``), however many files share the directory."""
+
+    _made: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+    _made_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, fetcher: Any):
+        self._fetcher = fetcher
+        self._lock = threading.Lock()
+        self._exists: dict[str, bool] = {}
+        self._bytes: dict[str, bytes | None] = {}
+
+    @classmethod
+    def of(cls, fetcher: Any) -> _Siblings:
+        with cls._made_lock:
+            made = cls._made.get(fetcher)
+            if made is None:
+                made = cls._made[fetcher] = cls(fetcher)
+            return made
+
+    def exists(self, url: str) -> bool:
+        with self._lock:
+            if url not in self._exists:
+                try:
+                    self._fetcher.remote(url).stat(url)
+                    self._exists[url] = True
+                except SourceError:
+                    self._exists[url] = False
+                except StorageError as exc:
+                    if not exc.permanent:  # not found (or not ours to read): as if absent
+                        raise
+                    self._exists[url] = False
+            return self._exists[url]
+
+    def read(self, url: str) -> bytes | None:
+        with self._lock:
+            if url not in self._bytes:
+                try:
+                    self._bytes[url] = self._fetcher.remote(url).cat(url)
+                except SourceError:
+                    self._bytes[url] = None
+                except StorageError as exc:
+                    if not exc.permanent:  # not found (or not ours to read): as if absent
+                        raise
+                    self._bytes[url] = None
+            return self._bytes[url]
+
+
+def _scan_file(name: str, url: str, compression: str | None, file: Any, siblings: _Siblings | None = None) -> dict:
+    """``scan`` of a format, given where the bytes are; errors name ``url``. A format that reads
+    a manifest beside its files (``MANIFEST``) is given its bytes where the file is remote."""
+    fmt = module(name)
+    scan = fmt.scan
+    manifest = getattr(fmt, "MANIFEST", None)
+    if manifest is not None and siblings is not None and "://" in url:
+        found = siblings.read(posixpath.join(posixpath.dirname(url), manifest))
+        if found is None:
+            raise FormatError(f"{url}: no {manifest} beside it, which describes its records")
+        return scan(url, compression, file=file, manifest=found)
     if "file" in inspect.signature(scan).parameters:
         return scan(url, compression, file=file)
     if not isinstance(file, str):  # a format that reads local files only

@@ -470,8 +470,7 @@ class _Siblings:
     def __init__(self, fetcher: Any):
         self._fetcher = fetcher
         self._lock = threading.Lock()
-        self._exists: dict[str, bool] = {}
-        self._bytes: dict[str, bytes | None] = {}
+        self._answers: dict[tuple[str, str], Any] = {}  # (what was asked, url): what the store said
 
     @classmethod
     def of(cls, fetcher: Any) -> _Siblings:
@@ -482,31 +481,25 @@ class _Siblings:
             return made
 
     def exists(self, url: str) -> bool:
-        with self._lock:
-            if url not in self._exists:
-                try:
-                    self._fetcher.remote(url).stat(url)
-                    self._exists[url] = True
-                except SourceError:
-                    self._exists[url] = False
-                except StorageError as exc:
-                    if not exc.permanent:  # not found (or not ours to read): as if absent
-                        raise
-                    self._exists[url] = False
-            return self._exists[url]
+        return self._ask("stat", url) is not None
 
     def read(self, url: str) -> bytes | None:
+        return self._ask("cat", url)
+
+    def _ask(self, call: str, url: str) -> Any:
+        """``remote.<call>(url)``, once; None where there is no such file (or it is not ours to read)."""
         with self._lock:
-            if url not in self._bytes:
+            if (call, url) not in self._answers:
                 try:
-                    self._bytes[url] = self._fetcher.remote(url).cat(url)
+                    found = getattr(self._fetcher.remote(url), call)(url)
                 except SourceError:
-                    self._bytes[url] = None
+                    found = None
                 except StorageError as exc:
-                    if not exc.permanent:  # not found (or not ours to read): as if absent
+                    if not exc.permanent:
                         raise
-                    self._bytes[url] = None
-            return self._bytes[url]
+                    found = None
+                self._answers[(call, url)] = found
+            return self._answers[(call, url)]
 
 
 def _scan_file(name: str, url: str, compression: str | None, file: Any, siblings: _Siblings | None = None) -> dict:

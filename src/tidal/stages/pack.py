@@ -38,7 +38,7 @@ from tidal.errors import StateError, Untraceable
 from tidal.stages import INTERNAL, Context, Locator, Needed, Origin, StageIterator, Step, Traced, Unlocated, add_stats
 from tidal.state import keys as k
 from tidal.state.view import View
-from tidal.tables import Columns, Table, numpy_of, records
+from tidal.tables import Columns, Table, integer_lists, numpy_of, records
 
 IGNORE = -100
 OUTPUTS = ("input_ids", "labels", "position_ids", "segment_ids")
@@ -132,16 +132,10 @@ def _flat(table: Table, column: str) -> tuple[np.ndarray, np.ndarray] | None:
     col = table.column(column) if isinstance(table, pa.Table) and column in table.column_names else None
     if isinstance(table, Columns):
         col = table.get(column)
-    if not isinstance(col, pa.ChunkedArray) or col.null_count:
+    lists = integer_lists(col)
+    if lists is None:
         return None
-    kind = col.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
-        return None
-    lists = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    values = lists.flatten()  # of the lists in the slice only
-    if values.null_count:
-        return None
-    return numpy_of(values), numpy_of(lists.value_lengths()).astype(np.int64)
+    return numpy_of(lists.flatten()), numpy_of(lists.value_lengths()).astype(np.int64)  # of the slice only
 
 
 def _doc_tokens(

@@ -29,22 +29,21 @@ import inspect
 import logging
 import os
 import posixpath
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from tidal.errors import FormatError, SourceError, StorageError
+from tidal.errors import FormatError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
 from tidal.sources.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
 from tidal.sources.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
 from tidal.sources.published import read as read_published
 from tidal.sources.shards import NO_INFO, Shard, Shards
+from tidal.sources.siblings import Siblings
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact, redact_urls
@@ -425,7 +424,7 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
     from tidal.storage.cache import Entry
 
     entry: dict = {"bytes": stat.size, "version": stat.version}
-    siblings = _Siblings.of(fetcher)
+    siblings = Siblings.of(fetcher)
     try:
         name, compression = detect(url, format, exists=siblings.exists)
         entry.update(format=name, compression=compression)
@@ -459,50 +458,7 @@ def _footer_only(url: str, size: int, detected: tuple[str, str | None] | None = 
     return name == "parquet" and compression is None and size > 0
 
 
-class _Siblings:
-    """What a remote file's format is decided by, or read with, beside it: whether a sibling
-    exists (a LitData ``index.json``, a Megatron ``.idx``) and a manifest's bytes, each asked
-    of the store once per count (``of(fetcher)``), however many files share the directory."""
-
-    _made: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
-    _made_lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def __init__(self, fetcher: Any):
-        self._fetcher = fetcher
-        self._lock = threading.Lock()
-        self._answers: dict[tuple[str, str], Any] = {}  # (what was asked, url): what the store said
-
-    @classmethod
-    def of(cls, fetcher: Any) -> _Siblings:
-        with cls._made_lock:
-            made = cls._made.get(fetcher)
-            if made is None:
-                made = cls._made[fetcher] = cls(fetcher)
-            return made
-
-    def exists(self, url: str) -> bool:
-        return self._ask("stat", url) is not None
-
-    def read(self, url: str) -> bytes | None:
-        return self._ask("cat", url)
-
-    def _ask(self, call: str, url: str) -> Any:
-        """``remote.<call>(url)``, once; None where there is no such file (or it is not ours to read)."""
-        with self._lock:
-            if (call, url) not in self._answers:
-                try:
-                    found = getattr(self._fetcher.remote(url), call)(url)
-                except SourceError:
-                    found = None
-                except StorageError as exc:
-                    if not exc.permanent:
-                        raise
-                    found = None
-                self._answers[(call, url)] = found
-            return self._answers[(call, url)]
-
-
-def _scan_file(name: str, url: str, compression: str | None, file: Any, siblings: _Siblings | None = None) -> dict:
+def _scan_file(name: str, url: str, compression: str | None, file: Any, siblings: Siblings | None = None) -> dict:
     """``scan`` of a format, given where the bytes are; errors name ``url``. A format that reads
     a manifest beside its files (``MANIFEST``) is given its bytes where the file is remote."""
     fmt = module(name)

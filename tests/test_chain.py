@@ -94,7 +94,7 @@ def test_tokenized_and_packed_chains_pickle(tmp_path: Path) -> None:
 def test_repr_shows_the_pipeline(data: Path) -> None:
     ds = tidal.Dataset(data).shuffle(seed=1).repeat().map(add_length).batch(8)
     assert repr(ds) == (
-        "Dataset(7 shards, 290 records).shuffle(seed=1, block_size=16384, shards_per_block=8)"
+        "Dataset(7 shards, 290 records).shuffle(seed=1, block_size=16384, shards_per_block=8, block_bytes=134217728)"
         ".repeat(None).map(add_length).batch(8, drop_last=True)"
     )
     mixed = tidal.mix({"web": tidal.Dataset(data), "code": tidal.Dataset(data).repeat()}, seed=2)

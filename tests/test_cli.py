@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,8 @@ from tidal.commands import storage_options
 from tidal.formats.tokens import TokenWriter
 from tidal.simulate import Setup, simulate
 from tidal.stages.blocks import BlockReader
+from tidal.stages.plan import DEFAULT_BLOCK_BYTES
+from tidal.stages.read import Read
 from tidal.world import World
 
 pytest_plugins = ["s3_fixtures"]
@@ -266,12 +269,13 @@ def test_plan_of_an_unshuffled_run_splits_the_shards_between_nodes(data: Path) -
 def test_plan_reports_cache_quality_and_first_batch(data: Path) -> None:
     out = tidal_cli(
         "plan", str(data), "--ranks", "4", "--ranks-per-node", "2", "--workers", "2", "--shuffle", "3",
-        "--block-size", "50", "--shards-per-block", "3", "--batch", "5", "--cache-limit", "1MB", "--bandwidth", "100MB/s",
+        "--block-size", "50", "--block-bytes", "1MB", "--shards-per-block", "3", "--batch", "5", "--cache-limit", "1MB",
+        "--bandwidth", "100MB/s",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "2 nodes x 2 rank(s) x 2 worker(s) = 8 readers" in text
-    assert "shuffled (seed 3) in blocks of 50 records mixing at least 3 shards" in text
+    assert "shuffled (seed 3) in blocks of 50 records and 1 MB mixing at least 3 shards" in text
     assert "tidal needs a cache_limit of at least" in text and "distinct shards on average" in text
     assert "first batch: " in text and "at 100MB/s" in text
 
@@ -291,18 +295,25 @@ def _opened(ds: tidal.Dataset, world: World, monkeypatch: pytest.MonkeyPatch) ->
     return opened, batches
 
 
-@pytest.mark.parametrize(("ranks", "workers", "seed"), [(1, 1, 3), (2, 2, 3), (3, 1, 5), (2, 1, None)])
+@pytest.mark.parametrize(
+    ("ranks", "workers", "seed", "block_bytes"),
+    [(1, 1, 3, None), (2, 2, 3, None), (3, 1, 5, None), (2, 1, None, None), (2, 2, 3, 600), (1, 2, None, 600)],
+)
 def test_plan_knows_which_shards_each_reader_opens_and_how_mixed_its_batches_are(
-    data: Path, monkeypatch: pytest.MonkeyPatch, ranks: int, workers: int, seed: int | None
+    data: Path, monkeypatch: pytest.MonkeyPatch, ranks: int, workers: int, seed: int | None, block_bytes: int | None
 ) -> None:
+    """``block_bytes`` 600: blocks of ~15 records of these files, not ``block_size``'s 50."""
     ds = tidal.Dataset(data)
+    bound = block_bytes or DEFAULT_BLOCK_BYTES
     if seed is not None:
-        ds = ds.shuffle(seed=seed, block_size=50, shards_per_block=3)
+        ds = ds.shuffle(seed=seed, block_size=50, shards_per_block=3, block_bytes=bound)
+    elif block_bytes is not None:
+        ds = tidal.Dataset.of(Read(replace(ds.sources()[""], block_bytes=bound)))  # in order, blocks bounded
     ds = ds.batch(6)
     starts = np.cumsum([0, *SIZES])
     setup = Setup(
-        rows=SIZES, bytes=[s.bytes for s in ds.shards], seed=seed, block_size=50, shards_per_block=3,
-        ranks=ranks, workers=workers, batch=6, sample_batches=10_000,
+        rows=SIZES, bytes=[s.bytes for s in ds.shards], seed=seed, block_size=50 if seed is not None else 16_384,
+        shards_per_block=3, block_bytes=bound, ranks=ranks, workers=workers, batch=6, sample_batches=10_000,
     )  # fmt: skip
     sim = simulate(setup)
     distinct = []

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import make_shards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,6 +39,74 @@ def test_an_epoch_visits_every_row_of_every_shard_once(sizes, seed, epoch, block
     else:
         longest = max((int(order.starts[b + 1] - order.starts[b]) for b in range(order.blocks)), default=0)
         assert longest <= block + len(sizes)
+
+
+@given(sizes=sizes_st, data=st.data(), seed=st.none() | st.integers(0, 2**32), block=st.integers(1, 50),
+       per_block=st.integers(1, 6), block_bytes=st.integers(1, 5_000))  # fmt: skip
+def test_a_block_holds_at_most_block_bytes_of_its_shards(sizes, data, seed, block, per_block, block_bytes) -> None:
+    """Counted pro rata from each shard's bytes, a block holds at most ``block_bytes`` (and the
+    rounding of equal slices: a record of each of its shards); a record larger than the bound
+    is a block of one record per shard. Every row is still read once."""
+    nbytes = data.draw(st.lists(st.integers(0, 10_000), min_size=len(sizes), max_size=len(sizes)))
+    order = EpochOrder(sizes, seed=seed, epoch=0, block_size=block, shards_per_block=per_block,
+                       bytes=nbytes, block_bytes=block_bytes)  # fmt: skip
+    seen: Counter = Counter()
+    for b in range(order.blocks):
+        slices = order.slices(b)
+        weight = sum(nbytes[s] * (z - a) / sizes[s] for s, a, z in slices)
+        assert weight <= block_bytes + sum(nbytes[s] / sizes[s] for s, _, _ in slices) + 1e-6
+        for s, a, z in slices:
+            seen.update((s, r) for r in range(a, z))
+    assert seen == Counter((s, r) for s, n in enumerate(sizes) for r in range(n))
+    plain = EpochOrder(sizes, seed=seed, epoch=0, block_size=block, shards_per_block=per_block)
+    if all(w * block <= n * block_bytes for w, n in zip(nbytes, sizes, strict=True)):  # records small on average
+        assert [order.slices(b) for b in range(order.blocks)] == [plain.slices(b) for b in range(plain.blocks)]
+
+
+def test_a_shuffle_block_of_large_documents_is_bounded_in_bytes_and_reads_each_once(tmp_path: Path) -> None:
+    """40 files of 30 documents of ~20 KB: with ``block_bytes`` of 200 KB a block holds ~10 of
+    them (not ``block_size``'s 16,384, all 1,200); every document is read once per epoch, a
+    resume mid-epoch continues exactly, and batches still mix several files."""
+    from conftest import write_jsonl
+
+    root = tmp_path / "books"
+    root.mkdir()
+    for k in range(40):
+        write_jsonl(
+            root / f"part-{k:02d}.jsonl", [{"id": k * 30 + i, "text": "x" * (20_000 + 97 * i)} for i in range(30)]
+        )
+    plain = tidal.Dataset(root).shuffle(seed=3)
+    small = tidal.Dataset(root).shuffle(seed=3, block_bytes="200KB")
+    (plan,) = small.sources().values()
+    order = EpochOrder(plan.shards.rows, seed=3, epoch=0, block_size=plan.block_size,
+                       shards_per_block=plan.shards_per_block, bytes=plan.shards.bytes, block_bytes=plan.block_bytes)  # fmt: skip
+    assert plan.block_bytes == 200_000 and order.blocks > 100
+    assert int(np.diff(order.starts).max()) <= 200_000 // 20_000 + plan.shards_per_block
+    ids = [r["id"] for r in small]
+    assert sorted(ids) == list(range(1200)) and ids != [r["id"] for r in plain]
+    assert np.mean([len({i // 30 for i in ids[j : j + 8]}) for j in range(0, 1200, 8)]) >= 4  # still mixed
+    it = iter(small)
+    head = [next(it)["id"] for _ in range(517)]
+    state = small.state_dict()
+    small.load_state_dict(state)
+    assert head + [r["id"] for r in small] == ids
+    # the order changed, so does the fingerprint: a state of the unbounded order is refused
+    assert small.fingerprint() != plain.fingerprint()
+    with pytest.raises(tidal.StateError):
+        list(plain.iterator(state=state))
+
+
+def test_block_bytes_that_never_binds_keeps_the_order_and_fingerprint(tmp_path: Path) -> None:
+    """Records far below ``block_bytes / block_size`` on average: the order, and so the fingerprint
+    a saved state carries, is the one tidal gave before blocks were bounded in bytes."""
+    root = make_shards(tmp_path / "data", [300] * 12)
+    a = tidal.Dataset(root).shuffle(seed=5, block_size=500)
+    b = tidal.Dataset(root).shuffle(seed=5, block_size=500, block_bytes=10**12)
+    assert a.fingerprint() == b.fingerprint()
+    assert [r["id"] for r in a] == [r["id"] for r in b]
+    for bad in (0, -1, 1.5, True, "lots"):
+        with pytest.raises(tidal.ArgumentError, match=r"block_bytes|not a size"):
+            tidal.Dataset(root).shuffle(seed=5, block_bytes=bad)
 
 
 @given(sizes=sizes_st, seed=st.integers(0, 1000), epoch=st.integers(0, 3))

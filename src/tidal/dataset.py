@@ -23,11 +23,11 @@ from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Schedule
 from tidal.stages.mix import mix as mix_stage
-from tidal.stages.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK
+from tidal.stages.plan import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK
 from tidal.stages.read import Read, ReadPlan, Repeat, Shuffle
 from tidal.stages.tokenize import Tokenize
 from tidal.stages.transform import Filter, Map
-from tidal.storage.config import Storage
+from tidal.storage.config import Storage, parse_size
 from tidal.storage.urls import is_remote
 from tidal.world import World
 
@@ -183,21 +183,32 @@ class Dataset:
         *,
         block_size: int = DEFAULT_BLOCK_SIZE,
         shards_per_block: int = DEFAULT_SHARDS_PER_BLOCK,
+        block_bytes: int | str = DEFAULT_BLOCK_BYTES,
     ) -> Dataset:
         """Shuffle shards and records, differently each epoch, as a pure function of ``seed``.
 
-        Records are permuted within blocks of ``block_size`` records (the memory bound) that
-        each mix at least ``shards_per_block`` shards. Larger blocks mix more and cost more
-        memory and a longer first batch after a resume.
+        Records are permuted within blocks that each mix at least ``shards_per_block`` shards
+        and hold at most ``block_size`` records and ``block_bytes`` bytes of their files (as
+        stored: a compressed file counts its compressed bytes, pro rata to the records taken;
+        an int or a size such as ``"64MB"``).
+        The two bounds are the memory bound: 16,384 tweets or 1,300 books of 100 KB. Larger
+        blocks mix more and cost more memory and a longer first batch after a resume.
 
-        >>> ds.shuffle(seed=42, block_size=65_536)
+        >>> ds.shuffle(seed=42, block_size=65_536, block_bytes=256 << 20)
         """
         self._before_batch("shuffle")
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ArgumentError(f"seed must be a non-negative int, not {seed!r}")
-        if block_size < 1 or shards_per_block < 1:
-            raise ArgumentError("block_size and shards_per_block must be at least 1")
-        return self._then(self._stage.with_source(Shuffle(seed, block_size, shards_per_block)))
+        if isinstance(block_bytes, str):
+            block_bytes = parse_size(block_bytes)
+        for name, value in (
+            ("block_size", block_size),
+            ("shards_per_block", shards_per_block),
+            ("block_bytes", block_bytes),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ArgumentError(f"{name} must be an int of at least 1, not {value!r}")
+        return self._then(self._stage.with_source(Shuffle(seed, block_size, shards_per_block, block_bytes)))
 
     def repeat(self, epochs: int | None = None) -> Dataset:
         """Read the data ``epochs`` times (``None``: forever), reshuffled each epoch.

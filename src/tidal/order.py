@@ -11,6 +11,9 @@ bounded by one block.
   each of its shards into ``m`` equal slices; block ``t`` holds slice ``t`` of every shard in
   the group. So each block mixes records of several shards, and reading a group's blocks
   in turn reads each of its shards front to back (cheap for compressed files).
+- Either way, where the shards' sizes in bytes are given, a group has enough blocks that
+  each holds at most ``block_bytes`` of them (counted pro rata from each shard's size): the
+  bound in bytes is what keeps a block of 100 KB documents as small as one of tweets.
 
 Positions ``0 .. total`` number the records of the epoch in yield order; state is a position.
 """
@@ -55,6 +58,8 @@ class EpochOrder:
         epoch: int,
         block_size: int,
         shards_per_block: int,
+        bytes: Sequence[int] | np.ndarray | None = None,
+        block_bytes: int | None = None,
     ):
         self.seed, self.epoch = seed, epoch
         sizes = np.asarray(rows, dtype=np.int64)
@@ -62,10 +67,18 @@ class EpochOrder:
         order = order[sizes[order] > 0]
         n = sizes[order]
         # unshuffled: a group per shard
-        bounds = np.arange(len(order) + 1) if seed is None else _group_bounds(n, shards_per_block, block_size)
+        w = None if bytes is None or block_bytes is None else np.asarray(bytes, dtype=np.int64)[order]
+        if seed is None:  # a group per shard
+            bounds = np.arange(len(order) + 1)
+        else:
+            bounds = _group_bounds(n, shards_per_block, block_size, w, block_bytes)
         groups = len(bounds) - 1
         totals = np.add.reduceat(n, bounds[:-1]) if groups else np.zeros(0, dtype=np.int64)
         m = np.maximum(1, -(-totals // block_size))  # blocks per group: each shard cut in m slices
+        if w is not None and block_bytes is not None and groups:
+            weight = np.add.reduceat(w, bounds[:-1])
+            # never more blocks than the group's largest shard has records: a slice holds one at least
+            m = np.maximum(m, np.minimum(-(-weight // block_bytes), np.maximum.reduceat(n, bounds[:-1])))
         self._order, self._n, self._bounds, self._m = order, n, bounds, m
         _, _, lengths, block = self._entries()
         block_lengths = np.bincount(block, weights=lengths, minlength=int(m.sum())).astype(np.int64)
@@ -132,19 +145,29 @@ class EpochOrder:
         return rng(self.seed, self.epoch, 1, block).permutation(n)
 
 
-def _group_bounds(sizes: np.ndarray, shards_per_block: int, block_size: int) -> np.ndarray:
-    """Where each group of shards starts, and the end: at least ``shards_per_block`` shards and
-    ``block_size`` records per group (the last takes what is left).
+def _group_bounds(
+    sizes: np.ndarray,
+    shards_per_block: int,
+    block_size: int,
+    weights: np.ndarray | None = None,
+    block_bytes: int | None = None,
+) -> np.ndarray:
+    """Where each group of shards starts, and the end: at least ``shards_per_block`` shards, and
+    ``block_size`` records or ``block_bytes`` of ``weights`` per group (the last takes what is left).
 
     Taken greedily from the front: the group starting at shard ``a`` ends at the first ``e`` at
-    least ``a + shards_per_block`` whose records since ``a`` reach ``block_size``. That end is
-    found for every ``a`` at once; following it from 0 is a step per group, not per shard.
+    least ``a + shards_per_block`` whose records (or bytes) since ``a`` reach the bound. That end
+    is found for every ``a`` at once; following it from 0 is a step per group, not per shard.
+    Where no shard's records average ``block_bytes / block_size`` bytes, the records reach their
+    bound first: the groups are those of ``block_size`` alone.
     """
     count = len(sizes)
     cum = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-    ends = np.maximum(
-        np.arange(count) + max(1, shards_per_block), np.searchsorted(cum, cum[:-1] + block_size, side="left")
-    )
+    reach = np.searchsorted(cum, cum[:-1] + block_size, side="left")
+    if weights is not None and block_bytes is not None:
+        cum_bytes = np.concatenate([[0], np.cumsum(weights, dtype=np.int64)])
+        reach = np.minimum(reach, np.searchsorted(cum_bytes, cum_bytes[:-1] + block_bytes, side="left"))
+    ends = np.maximum(np.arange(count) + max(1, shards_per_block), reach)
     step = np.minimum(ends, count).tolist()
     bounds, a = [0], 0
     while a < count:

@@ -52,6 +52,7 @@ class Setup:
     seed: int | None
     block_size: int
     shards_per_block: int
+    block_bytes: int | None = None  # at most this many bytes of the shards per block (None: no bound)
     ranks: int = 1
     workers: int = 1
     ranks_per_node: int = 1
@@ -200,7 +201,13 @@ def simulate(setup: Setup, progress: Callable[[int], None] | None = None) -> Sim
     rows = np.asarray(setup.rows, dtype=np.int64)
     sizes = np.asarray(setup.bytes, dtype=np.int64)
     order = EpochOrder(
-        rows, seed=setup.seed, epoch=setup.epoch, block_size=setup.block_size, shards_per_block=setup.shards_per_block
+        rows,
+        seed=setup.seed,
+        epoch=setup.epoch,
+        block_size=setup.block_size,
+        shards_per_block=setup.shards_per_block,
+        bytes=sizes,
+        block_bytes=setup.block_bytes,
     )
     blocks = _Blocks(order, sizes)
     readers = _readers(order, blocks, setup)

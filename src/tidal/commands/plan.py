@@ -47,6 +47,12 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--block-size", type=int, default=None, help="records per shuffle block (default: a config's, else 16384)"
     )
     p.add_argument(
+        "--block-bytes",
+        default=None,
+        metavar="SIZE",
+        help="bytes of its files a shuffle block holds at most, e.g. 64MB (default: a config's, else 128MiB)",
+    )
+    p.add_argument(
         "--shards-per-block",
         type=int,
         default=None,
@@ -110,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.workers is not None and args.workers < 0) or args.epoch < 0:
         raise ArgumentError("--workers and --epoch cannot be negative")
     per_second = bandwidth(args.bandwidth)
+    block_bytes = parse_size(args.block_bytes) if args.block_bytes is not None else None
+    if block_bytes is not None and block_bytes < 1:
+        raise ArgumentError(f"--block-bytes must be at least 1 byte, not {args.block_bytes!r}")
     ds = open_dataset(args)
     workers = args.workers
     if workers is None and args.config is not None:
@@ -141,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             bytes=plan.shards.bytes.tolist(),
             seed=seed,
             block_size=args.block_size or plan.block_size,
+            block_bytes=block_bytes or plan.block_bytes,
             shards_per_block=args.shards_per_block or plan.shards_per_block,
             ranks=args.ranks,
             workers=workers,
@@ -173,7 +183,8 @@ def report(sim: Simulation, remote: bool, indent: str = "") -> str:
     s = sim.setup
     lines = []
     order = (
-        f"shuffled (seed {s.seed}) in blocks of {s.block_size:,} records mixing at least {s.shards_per_block} shards"
+        f"shuffled (seed {s.seed}) in blocks of {s.block_size:,} records"
+        f"{f' and {size(s.block_bytes)}' if s.block_bytes is not None else ''} mixing at least {s.shards_per_block} shards"
         if s.seed is not None
         else "in order (no shuffle)"
     )

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tidal.formats import Errors
 from tidal.sources.shards import Shards
 from tidal.storage.config import Storage
 
 DEFAULT_BLOCK_SIZE = 16_384  # records a shuffle block holds
 DEFAULT_SHARDS_PER_BLOCK = 8  # files a shuffle block mixes, at least
+DEFAULT_BLOCK_BYTES = 128 << 20  # bytes of its files a block holds, at most (as stored)
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class ReadPlan:
     block_size: int
     shards_per_block: int
     epochs: int | None  # None: forever
+    block_bytes: int = DEFAULT_BLOCK_BYTES
     storage: Storage | None = None  # how to reach remote shards; None when every shard is local
     options: dict = field(default_factory=dict)  # format options (tidal.formats.OPTIONS)
     given: dict = field(default_factory=dict, compare=False)  # src, format, follow_links as given: for to_config()
@@ -31,3 +35,9 @@ class ReadPlan:
     @property
     def total(self) -> int:
         return self.shards.total
+
+    def bounded_by_bytes(self) -> bool:
+        """Whether ``block_bytes`` may cut a block smaller than ``block_size`` records: only where
+        some shard's records average more than ``block_bytes / block_size`` bytes."""
+        s = self.shards
+        return bool(np.any(s.bytes * self.block_size > s.rows * self.block_bytes))

@@ -27,7 +27,7 @@ from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, S
 from tidal.order import EpochOrder, Intervals, share
 from tidal.stages import Context, Declared, Locator, Origin, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
-from tidal.stages.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, ReadPlan
+from tidal.stages.plan import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, ReadPlan
 from tidal.stages.policy import Policy
 from tidal.stages.transform import reference
 from tidal.state import keys as k
@@ -60,13 +60,19 @@ class Read(Stage):
         p = self.plan
         names = [path[path.rfind("/") + 1 :] for path in p.shards.paths]  # basenames, of URLs too
         shards = list(zip(names, p.shards.rows.tolist(), strict=True))
-        return [["Read", shards, p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs, p.options]]
+        facts = [p.columns, p.seed, p.block_size, p.shards_per_block, p.epochs, p.options]
+        if p.seed is not None and p.bounded_by_bytes():  # else the order is what it was without the bound
+            facts.append({"block_bytes": p.block_bytes, "bytes": p.shards.bytes.tolist()})
+        return [["Read", shards, *facts]]
 
     def call(self) -> str:
         p = self.plan
         text = f"Dataset({len(p.shards)} shards, {p.total} records)"
         if p.seed is not None:
-            text += f".shuffle(seed={p.seed}, block_size={p.block_size}, shards_per_block={p.shards_per_block})"
+            text += (
+                f".shuffle(seed={p.seed}, block_size={p.block_size}, shards_per_block={p.shards_per_block}"
+                f", block_bytes={p.block_bytes})"
+            )
         if p.epochs != 1:
             text += f".repeat({p.epochs})"
         return text
@@ -115,7 +121,7 @@ class Read(Stage):
             source["storage_options_removed"] = ["src", *source.get("storage_options_removed", [])]
         steps: list[dict] = []
         if p.seed is not None:
-            steps.append(Shuffle(p.seed, p.block_size, p.shards_per_block).config_step())
+            steps.append(Shuffle(p.seed, p.block_size, p.shards_per_block, p.block_bytes).config_step())
         if p.epochs != 1:
             steps.append(Repeat(p.epochs).config_step())
         return {"source": {k: v for k, v in source.items() if v is not None and v != {}}, "steps": steps}
@@ -130,6 +136,7 @@ class Shuffle(Declared):
     seed: int
     block_size: int = DEFAULT_BLOCK_SIZE
     shards_per_block: int = DEFAULT_SHARDS_PER_BLOCK
+    block_bytes: int = DEFAULT_BLOCK_BYTES
 
     def __call__(self, read: Read) -> Read:
         return Read(replace(read.plan, **asdict(self)))
@@ -379,6 +386,8 @@ class ReadIterator(StageIterator):
                 epoch=self._epoch,
                 block_size=p.block_size,
                 shards_per_block=p.shards_per_block,
+                bytes=p.shards.bytes,
+                block_bytes=p.block_bytes,
             )
             self._blocks.forget()
         return self._order

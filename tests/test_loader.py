@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import multiprocessing
@@ -140,6 +141,50 @@ def test_a_loop_that_breaks_off_stops_the_read_ahead_thread_and_the_workers(data
         assert len(list(itertools.islice(it, 2))) == 2
         it.close()  # what dropping it does; stopped the workers first, the thread waited on them for ever
         assert set(multiprocessing.active_children()) <= before
+
+
+def logged_by_worker(record: dict, log: str) -> dict:
+    """Appends the DataLoader worker that reads ``record`` to the file ``log``, a line a record."""
+    with open(log, "a") as f:
+        f.write(f"{torch.utils.data.get_worker_info().id}\n")
+    time.sleep(0.003)
+    return record
+
+
+def _warmed_in_order(log: Path, order: list[int], batch: int) -> None:
+    """Each worker of ``order`` read its first record only once the one before had read a batch."""
+    seen = [int(w) for w in log.read_text().split()]
+    for before, after in itertools.pairwise(order):
+        first = seen.index(after)
+        assert seen[:first].count(before) >= batch, (order, seen[: first + 1])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_beyond_the_cores_warm_up_in_the_order_the_loop_asks_for_them(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: str
+) -> None:
+    """With one worker warming up at a time (``TIDAL_WARMUP_WORKERS=1``), worker k reads nothing
+    until worker k-1 has made its first batch, from the worker the loop asks first, after a
+    resume too; the batches are those of workers started all at once."""
+    log = tmp_path / "workers.log"
+    ds = tidal.Dataset(data).shuffle(seed=2, block_size=40).map(functools.partial(logged_by_worker, log=str(log)))
+    ds = ds.batch(4)
+    plain = ids(tidal.DataLoader(ds, num_workers=4))
+    monkeypatch.setenv("TIDAL_WARMUP_WORKERS", "1")
+    log.unlink()
+    loader = tidal.DataLoader(ds, num_workers=4, multiprocessing_context=context)
+    it = iter(loader)
+    head = ids(list(itertools.islice(it, 3)))
+    state = loader.state_dict()
+    assert head + ids(list(it)) == plain
+    _warmed_in_order(log, [0, 1, 2, 3], 4)
+    if context == "spawn":  # the gate crossed to spawned workers; the resumed order is the same with fork
+        return
+    log.unlink()
+    resumed = tidal.DataLoader(ds, num_workers=4, multiprocessing_context=context)
+    resumed.load_state_dict(state)
+    assert head + ids(list(resumed)) == plain
+    _warmed_in_order(log, [3, 0, 1, 2], 4)
 
 
 def test_a_loop_left_unfinished_at_exit_prints_nothing(data: Path) -> None:

@@ -8,6 +8,8 @@
   may use, so that ranks x DataLoader workers x tokenizer threads do not exceed the cores.
 - ``TIDAL_SHARED_MEMORY=0``: DataLoader workers send batches through a pipe, not through
   shared memory (:mod:`tidal.transport.rings`).
+- ``TIDAL_WARMUP_WORKERS``: how many DataLoader workers of a rank make their first batch at
+  once (:mod:`tidal.transport.warmup`; default: the rank's share of the cores).
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ def read_threads() -> int:
             raise ConfigError(f"TIDAL_READ_THREADS must be a positive integer, not {given!r}")
         return int(given)
     return max(1, min(4, _cores() // _local_ranks()))
+
+
+def warmup_workers() -> int:
+    """``TIDAL_WARMUP_WORKERS``, else the rank's share of the cores: the DataLoader workers of a
+    rank that make their first batch side by side."""
+    given = os.environ.get("TIDAL_WARMUP_WORKERS", "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ConfigError(f"TIDAL_WARMUP_WORKERS must be a positive integer, not {given!r}")
+        return int(given)
+    return max(1, _cores() // _local_ranks())
 
 
 def _cores() -> int:

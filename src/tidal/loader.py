@@ -51,6 +51,7 @@ from tidal.transport import rings
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
 from tidal.transport.pool import Ahead
 from tidal.transport.torch import TorchBundle, as_tensors, widen
+from tidal.transport.warmup import WarmupGate
 from tidal.world import World
 
 _log = logging.getLogger("tidal")
@@ -74,6 +75,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.bundled = False
         self.rings: list[str] = []  # each worker's segment of shared memory (tidal.transport.rings); none: the pipe
         self.slots = 0  # slots in each
+        self.warmup: WarmupGate | None = None  # the order workers make their first batch in; None: all at once
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -84,7 +86,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         origin = self.origin if self.bundled else None
         it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
         if self.bundled:
-            return self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
+            made = self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
+            return self.warmup.gated(made, worker) if self.warmup is not None and info is not None else made
         return (as_tensors(item) for item in it)
 
     def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle | _WorkerError]:
@@ -244,6 +247,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._copy_stream: Any = None  # the CUDA stream prefetched batches are copied on
         self._ledger = Ledger(dataset, self._workers)  # what the training loop consumed, and the state
         self._meter = Meter(dataset.stage)  # what the loop received, for metrics() and stats()
+        self._warmup: WarmupGate | None = None  # the order its workers make their first batch in, this pass
         self._log_every = log_every
         self._logged = 0.0
         self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
@@ -368,6 +372,12 @@ class DataLoader(torch.utils.data.DataLoader):
             rings.make_rings(self.num_workers, self._stream.slots) if self.num_workers and env.shared_memory() else None
         )
         self._stream.rings = made or []
+        slots = env.warmup_workers()
+        if self.num_workers > slots:
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            # kept by the loader for the pass: spawned workers open its semaphore as they start
+            self._warmup = WarmupGate(context, self.num_workers, self._ledger.next_worker, slots)
+            self._stream.warmup = self._warmup
         try:
             bundles = super().__iter__()
         except BaseException:
@@ -376,6 +386,7 @@ class DataLoader(torch.utils.data.DataLoader):
         finally:
             self._stream.bundled = False
             self._stream.rings = []
+            self._stream.warmup = None
         if made:  # the workers' rings live as long as the workers: until torch's iterator goes
             weakref.finalize(bundles, rings.release, made)
         return bundles

@@ -66,7 +66,6 @@ class EpochOrder:
         order = np.arange(len(sizes)) if seed is None else rng(seed, epoch, 0).permutation(len(sizes))
         order = order[sizes[order] > 0]
         n = sizes[order]
-        # unshuffled: a group per shard
         w = None if bytes is None or block_bytes is None else np.asarray(bytes, dtype=np.int64)[order]
         if seed is None:  # a group per shard
             bounds = np.arange(len(order) + 1)

@@ -10,7 +10,8 @@ read whole, in a loop), which bounds any loader of them.
 What each side yields, so the ratios are read right: tidal ``pack(2048).batch(8)`` through
 ``tidal.DataLoader`` gives int64 ``input_ids``, ``labels``, ``position_ids`` and ``segment_ids``
 (8, 2048); ``-lean`` is ``pack(2048, outputs=("input_ids",))``, int64 ``input_ids`` alone;
-``-parquet`` reads the same documents from a Parquet ``list<uint16>`` column; LitData gives
+``-parquet`` reads the same documents from a Parquet ``list<uint16>`` column, ``-megatron`` from
+Megatron-LM ``.bin``/``.idx`` pairs (a sequence per document); LitData gives
 uint16 (8, 2049) windows, and the ``+ int64`` rows add what a training loop then does with them
 (``x = b[:, :-1].long(); y = b[:, 1:].long()``).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import statistics
@@ -34,7 +36,11 @@ import json, sys, time
 kind, workers, root, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 if kind.startswith("tidal"):
     import tidal
-    source, column = (root + "/parquet", "tokens") if "parquet" in kind else (root + "/tidal", "input_ids")
+    source, column = (root + "/tidal", "input_ids")
+    if "parquet" in kind:
+        source, column = root + "/parquet", "tokens"
+    elif "megatron" in kind:
+        source = root + "/megatron"
     outputs = ("input_ids",) if kind.endswith("lean") else ("input_ids", "labels", "position_ids", "segment_ids")
     ds = tidal.Dataset(source).shuffle(seed=0).repeat().pack(2048, column=column, outputs=outputs).batch(8)
     loader = tidal.DataLoader(ds, num_workers=workers)
@@ -128,6 +134,38 @@ def prepare(root: Path, tokens: int) -> None:
     done.write_text(json.dumps({"tokens": tokens}))
 
 
+def prepare_megatron(root: Path) -> None:
+    """The same documents as Megatron-LM ``.bin``/``.idx`` pairs (4 of them, a sequence per
+    document), written from the token shards by the documented MMIDIDX layout (version 1)."""
+    import struct
+
+    import numpy as np
+
+    from tidal.formats.tokens import TokenShard
+
+    out = root / "megatron"
+    if out.exists():
+        return
+    docs = []
+    for path in sorted(glob.glob(str(root / "tidal" / "*.tokens"))):
+        shard = TokenShard(path)
+        ids, off = shard.tokens(0, len(shard.offsets) - 1)
+        docs += [np.asarray(ids[a:z], dtype=np.uint16) for a, z in itertools.pairwise(off.tolist())]
+    tmp = root / "megatron.partial"
+    tmp.mkdir(exist_ok=True)
+    step = len(docs) // 4 + 1
+    for i in range(0, len(docs), step):
+        part = docs[i : i + step]
+        lengths = np.array([len(d) for d in part], dtype="<i4")
+        pointers = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) * 2)[:-1]]).astype("<i8")
+        prefix = tmp / f"part-{i // step}"
+        prefix.with_suffix(".bin").write_bytes(b"".join(d.tobytes() for d in part))
+        head = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(part), len(part) + 1)  # 8: uint16
+        index = np.arange(len(part) + 1, dtype="<i8")
+        prefix.with_suffix(".idx").write_bytes(head + lengths.tobytes() + pointers.tobytes() + index.tobytes())
+    tmp.rename(out)
+
+
 def measure(kind: str, workers: int, root: Path, seconds: float) -> float:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, kind, str(workers), str(root), str(seconds)],
@@ -152,6 +190,7 @@ def main() -> None:
         args.tokens, args.seconds, args.repeats = 5_000_000, 2.0, 1
     root = Path(args.data).resolve()
     prepare(root, args.tokens)
+    prepare_megatron(root)
     size = sum(os.path.getsize(f) for f in glob.glob(str(root / "tidal" / "*.tokens")))
     configs = [
         ("cache", 0),
@@ -159,11 +198,14 @@ def main() -> None:
         ("tidal-lean", 0),
         ("tidal-parquet", 0),
         ("tidal-parquet-lean", 0),
+        ("tidal-megatron", 0),
+        ("tidal-megatron-lean", 0),
         ("litdata", 0),
         ("litdata+int64", 0),
         ("tidal", 2),
         ("tidal-lean", 2),
         ("tidal-parquet-lean", 2),
+        ("tidal-megatron-lean", 2),
         ("litdata", 2),
     ]
     results: dict[tuple[str, int], list[float]] = {c: [] for c in configs}

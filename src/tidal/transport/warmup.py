@@ -12,12 +12,13 @@ their blocks while the loop works through the first batches.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-PATIENCE_S = 60.0  # a worker ahead that never reports (killed) holds back the others no longer
+PATIENCE_S = 60.0  # how long a worker waits for one ahead that never reports (killed)
 _POLL_S = 0.005
 
 
@@ -32,12 +33,13 @@ class WarmupGate:
     def __init__(self, context: Any, workers: int, first: int, slots: int):
         self.ready = context.Value("i", 0)
         self.workers, self.first, self.slots = workers, first, slots
+        self.loop = os.getpid()  # the training process: a worker whose parent it is no longer waits no longer
 
     def gated(self, batches: Iterator[T], worker: int) -> Iterator[T]:
         """``batches``, their first made once this worker's turn to warm up has come."""
         turn = (worker - self.first) % self.workers
         deadline = time.monotonic() + PATIENCE_S
-        while turn >= self.ready.value + self.slots and time.monotonic() < deadline:
+        while turn >= self.ready.value + self.slots and time.monotonic() < deadline and os.getppid() == self.loop:
             time.sleep(_POLL_S)
         try:
             first = next(batches, None)

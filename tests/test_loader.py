@@ -187,6 +187,26 @@ def test_workers_beyond_the_cores_warm_up_in_the_order_the_loop_asks_for_them(
     _warmed_in_order(log, [3, 0, 1, 2], 4)
 
 
+FORKSERVER = """
+import sys
+from multiprocessing import forkserver
+import tidal
+loader = tidal.DataLoader(tidal.Dataset(sys.argv[1]).batch(4), num_workers=2, multiprocessing_context="forkserver")
+assert len(next(iter(loader))["id"]) == 4
+server = forkserver._forkserver._forkserver_pid
+print("libtorch" in open(f"/proc/{server}/maps").read())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the forkserver's memory map in /proc")
+def test_a_forkserver_forks_workers_with_torch_already_imported(data: Path) -> None:
+    """The forkserver (Python 3.14's default start method) imports torch before it forks the
+    workers: they start from it, not by importing it each at once, as spawned ones do."""
+    out = subprocess.run([sys.executable, "-c", FORKSERVER, str(data)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "True", out.stdout
+
+
 def test_a_loop_left_unfinished_at_exit_prints_nothing(data: Path) -> None:
     """The loop's generator is closed while Python shuts down, after module globals are gone."""
     script = (

@@ -372,6 +372,8 @@ class DataLoader(torch.utils.data.DataLoader):
             rings.make_rings(self.num_workers, self._stream.slots) if self.num_workers and env.shared_memory() else None
         )
         self._stream.rings = made or []
+        if self.num_workers:
+            _preload_forkserver(self.multiprocessing_context)
         slots = env.warmup_workers()
         if self.num_workers > slots:
             context = self.multiprocessing_context or multiprocessing.get_context()
@@ -513,6 +515,22 @@ class DataLoader(torch.utils.data.DataLoader):
         if device.type == "cuda" and self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device)
         return copied_ahead(item, device, self._copy_stream)
+
+
+def _preload_forkserver(context: Any) -> None:
+    """Have the forkserver (Python 3.14's default start method on Linux) import torch and tidal
+    before it forks the workers, so that each starts with them in a moment instead of importing
+    them all at once, as spawned workers do. Added to what it preloads already; no effect once
+    the server runs (it started with what was asked then)."""
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    if method != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+    wanted = [*preload, *(m for m in ("torch", "tidal.loader") if m not in preload)]
+    if wanted != preload:
+        (context or multiprocessing).set_forkserver_preload(wanted)
 
 
 def _close(source: Iterator[Any]) -> None:

@@ -7,9 +7,9 @@
   its default (128 MiB) and with the bound off (``block_bytes=1 << 50``: the 16,384-record blocks
   of before).
 - **First batch with many workers.** The same generator's documents as Parquet (10,000 rows per
-  row group), shuffled, batch 8, through ``tidal.DataLoader`` with 2, 4 and 8 workers, fork and
-  spawn: seconds from process start to the first batch, workers warming up in turn (the default)
-  and all at once (``TIDAL_WARMUP_WORKERS=64``).
+  row group), shuffled, batch 8, through ``tidal.DataLoader`` with 2, 4 and 8 workers (fork,
+  spawn, forkserver): seconds from process start to the first batch, workers warming up in turn
+  (the default) and all at once (``TIDAL_WARMUP_WORKERS=64``).
 
 Every measurement is a fresh process; configurations are interleaved, repetition by repetition,
 and medians printed with the load average.
@@ -113,7 +113,14 @@ def main() -> None:
     books = sorted(glob.glob(str(root / "books" / "*.jsonl")))
     mean = sum(os.path.getsize(f) for f in books) / sum(Path(f).read_bytes().count(b"\n") for f in books)
     memory = {"block_bytes default (128 MiB)": 128 << 20, "bound off (16,384 records)": 1 << 50}
-    first = [(w, c, gate) for c in ("fork", "spawn") for w in (2, 4, 8) for gate in (True, False) if gate or w > 2]
+    first = [(w, "fork", gate) for w in (2, 4, 8) for gate in (True, False) if gate or w > 2]
+    first += [
+        (2, "spawn", True),
+        (8, "spawn", True),
+        (8, "spawn", False),
+        (2, "forkserver", True),
+        (8, "forkserver", True),
+    ]
     mem_runs: dict[str, list[float]] = {k: [] for k in memory}
     first_runs: dict[tuple, list[float]] = {k: [] for k in first}
     load0 = os.getloadavg()[0]

@@ -6,6 +6,7 @@ import functools
 import itertools
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -205,6 +206,39 @@ def test_a_forkserver_forks_workers_with_torch_already_imported(data: Path) -> N
     out = subprocess.run([sys.executable, "-c", FORKSERVER, str(data)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "True", out.stdout
+
+
+KILLED = """
+import multiprocessing, os, signal, sys
+import tidal
+if __name__ == "__main__":
+    loader = tidal.DataLoader(tidal.Dataset(sys.argv[1]).batch(4), num_workers=2, multiprocessing_context=sys.argv[2])
+    it = iter(loader)
+    next(it)
+    print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_workers_exit_when_the_training_process_is_killed(data: Path, tmp_path: Path, context: str) -> None:
+    """A training process killed (SIGKILL: the OOM killer) leaves no worker behind. A forkserver's
+    workers, whose parent is the server, ran for ever before, each holding its memory."""
+    from tidal.transport.orphans import alive
+
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    out = subprocess.run([sys.executable, str(script), str(data), context], capture_output=True, text=True, timeout=300)
+    assert out.returncode == -9, out.stderr[-3000:]
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if alive(p)]
+    for p in left:
+        os.kill(p, 9)
+    assert not left, f"workers {left} outlived their training process ({context})"
 
 
 def test_a_loop_left_unfinished_at_exit_prints_nothing(data: Path) -> None:

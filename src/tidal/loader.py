@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import os
 import sys
 import time
 import weakref
@@ -47,7 +48,7 @@ from tidal.state import keys as k
 from tidal.state import schema
 from tidal.state.ledger import Ledger
 from tidal.state.schema import RankState
-from tidal.transport import rings
+from tidal.transport import orphans, rings
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
 from tidal.transport.pool import Ahead
 from tidal.transport.torch import TorchBundle, as_tensors, widen
@@ -76,6 +77,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.rings: list[str] = []  # each worker's segment of shared memory (tidal.transport.rings); none: the pipe
         self.slots = 0  # slots in each
         self.warmup: WarmupGate | None = None  # the order workers make their first batch in; None: all at once
+        self.loop = os.getpid()  # the training process, which workers outlive no longer (tidal.transport.orphans)
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -85,6 +87,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         where = schema.reader_where(world.rank, worker)
         origin = self.origin if self.bundled else None
         it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
+        if info is not None:
+            orphans.exit_with(self.loop)
         if self.bundled:
             made = self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
             return self.warmup.gated(made, worker) if self.warmup is not None and info is not None else made
@@ -366,6 +370,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None  # the workers must start from this state
         self._stream.bundled = True  # for the workers (or the main-process reader) started now
+        self._stream.loop = os.getpid()  # this process, if the loader was made in another
         # torch asks a worker for about prefetch_factor results ahead: a ring holds those and one more
         self._stream.slots = (self.prefetch_factor or 2) + 1
         made = (

@@ -212,7 +212,12 @@ KILLED = """
 import multiprocessing, os, signal, sys
 import tidal
 if __name__ == "__main__":
-    loader = tidal.DataLoader(tidal.Dataset(sys.argv[1]).batch(4), num_workers=2, multiprocessing_context=sys.argv[2])
+    ds = tidal.Dataset(sys.argv[1]).batch(4)
+    if sys.argv[2] == "jax":  # tidal.jax.Loader's spawned reader processes
+        import tidal.jax
+        loader = tidal.jax.Loader(ds, num_workers=2, worker_type="process")
+    else:
+        loader = tidal.DataLoader(ds, num_workers=2, multiprocessing_context=sys.argv[2])
     it = iter(loader)
     next(it)
     print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
@@ -220,7 +225,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver", "jax"])
 def test_workers_exit_when_the_training_process_is_killed(data: Path, tmp_path: Path, context: str) -> None:
     """A training process killed (SIGKILL: the OOM killer) leaves no worker behind. A forkserver's
     workers, whose parent is the server, ran for ever before, each holding its memory."""
@@ -228,9 +233,11 @@ def test_workers_exit_when_the_training_process_is_killed(data: Path, tmp_path: 
 
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
-    out = subprocess.run([sys.executable, str(script), str(data), context], capture_output=True, text=True, timeout=300)
-    assert out.returncode == -9, out.stderr[-3000:]
-    pids = [int(p) for p in out.stdout.split()]
+    printed, errors = tmp_path / "out.txt", tmp_path / "err.txt"
+    with printed.open("w") as out, errors.open("w") as err:  # not pipes: a worker left behind holds them open
+        code = subprocess.run([sys.executable, str(script), str(data), context], stdout=out, stderr=err, timeout=300)
+    assert code.returncode == -9, errors.read_text()[-3000:]
+    pids = [int(p) for p in printed.read_text().split()]
     assert len(pids) == 2
     deadline = time.monotonic() + 30
     while any(alive(p) for p in pids) and time.monotonic() < deadline:

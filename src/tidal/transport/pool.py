@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import pickle
 import queue
 import threading
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from tidal.errors import ArgumentError, StorageError, TidalError
 from tidal.state import keys as k
+from tidal.transport import orphans
 from tidal.transport.bundles import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
 from tidal.world import World
 
@@ -99,8 +101,12 @@ def _read(
     widen: Widen,
     out: Any,
     stop: Any,
+    loop: int,
 ) -> None:
-    """One worker: its reader's bundles onto ``out`` until the end, an error, or ``stop``."""
+    """One worker: its reader's bundles onto ``out`` until the end, an error, or ``stop``; a
+    process exits with ``loop``, the training process, if that is killed."""
+    if process:
+        orphans.exit_with(loop)
     where = f"state['{k.RANKS}'][{world.rank}]['{k.WORKERS}'][{world.worker}]"
     try:
         it = dataset.iterator(world, state, first_epoch, origin, where, weights)
@@ -175,6 +181,7 @@ class Pool:
                 widen,
                 self._queues[w],
                 self._stop,
+                os.getpid(),
             )
             worker = make(target=_read, args=args, daemon=True, name=f"tidal-reader-{ranks.rank}-{w}")
             if self._process:

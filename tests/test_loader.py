@@ -7,6 +7,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -179,6 +180,7 @@ def test_workers_beyond_the_cores_warm_up_in_the_order_the_loop_asks_for_them(
     state = loader.state_dict()
     assert head + ids(list(it)) == plain
     _warmed_in_order(log, [0, 1, 2, 3], 4)
+    pickle.dumps(loader)  # the gate is the pass's, not the loader's: it still pickles (as its workers receive it)
     if context == "spawn":  # the gate crossed to spawned workers; the resumed order is the same with fork
         return
     log.unlink()

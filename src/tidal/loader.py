@@ -251,7 +251,6 @@ class DataLoader(torch.utils.data.DataLoader):
         self._copy_stream: Any = None  # the CUDA stream prefetched batches are copied on
         self._ledger = Ledger(dataset, self._workers)  # what the training loop consumed, and the state
         self._meter = Meter(dataset.stage)  # what the loop received, for metrics() and stats()
-        self._warmup: WarmupGate | None = None  # the order its workers make their first batch in, this pass
         self._log_every = log_every
         self._logged = 0.0
         self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
@@ -380,11 +379,10 @@ class DataLoader(torch.utils.data.DataLoader):
         if self.num_workers:
             _preload_forkserver(self.multiprocessing_context)
         slots = env.warmup_workers()
+        gate = None
         if self.num_workers > slots:
             context = self.multiprocessing_context or multiprocessing.get_context()
-            # kept by the loader for the pass: spawned workers open its semaphore as they start
-            self._warmup = WarmupGate(context, self.num_workers, self._ledger.next_worker, slots)
-            self._stream.warmup = self._warmup
+            gate = self._stream.warmup = WarmupGate(context, self.num_workers, self._ledger.next_worker, slots)
         try:
             bundles = super().__iter__()
         except BaseException:
@@ -396,6 +394,8 @@ class DataLoader(torch.utils.data.DataLoader):
             self._stream.warmup = None
         if made:  # the workers' rings live as long as the workers: until torch's iterator goes
             weakref.finalize(bundles, rings.release, made)
+        if gate is not None:  # so does the gate: spawned workers open its semaphore as they start
+            weakref.finalize(bundles, _kept, gate)
         return bundles
 
     def _check_pickles(self) -> None:
@@ -520,6 +520,10 @@ class DataLoader(torch.utils.data.DataLoader):
         if device.type == "cuda" and self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device)
         return copied_ahead(item, device, self._copy_stream)
+
+
+def _kept(_: Any) -> None:
+    """What a finalizer calls with what it kept alive until then."""
 
 
 def _preload_forkserver(context: Any) -> None:

@@ -77,7 +77,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.rings: list[str] = []  # each worker's segment of shared memory (tidal.transport.rings); none: the pipe
         self.slots = 0  # slots in each
         self.warmup: WarmupGate | None = None  # the order workers make their first batch in; None: all at once
-        self.loop = os.getpid()  # the training process, which workers outlive no longer (tidal.transport.orphans)
+        self.loop: int | None = None  # the process starting the workers now, which they outlive no longer
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -87,7 +87,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         where = schema.reader_where(world.rank, worker)
         origin = self.origin if self.bundled else None
         it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
-        if info is not None:
+        if info is not None and self.loop is not None:  # (tidal.transport.orphans)
             orphans.exit_with(self.loop)
         if self.bundled:
             made = self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
@@ -369,7 +369,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None  # the workers must start from this state
         self._stream.bundled = True  # for the workers (or the main-process reader) started now
-        self._stream.loop = os.getpid()  # this process, if the loader was made in another
+        self._stream.loop = os.getpid()
         # torch asks a worker for about prefetch_factor results ahead: a ring holds those and one more
         self._stream.slots = (self.prefetch_factor or 2) + 1
         made = (
@@ -392,6 +392,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._stream.bundled = False
             self._stream.rings = []
             self._stream.warmup = None
+            self._stream.loop = None  # a loader rebuilt from the stream (Accelerate) starts workers of its own
         if made:  # the workers' rings live as long as the workers: until torch's iterator goes
             weakref.finalize(bundles, rings.release, made)
         if gate is not None:  # so does the gate: spawned workers open its semaphore as they start

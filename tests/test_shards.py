@@ -116,6 +116,33 @@ def test_a_damaged_or_hostile_index_is_rebuilt_never_trusted(tmp_path: Path, dam
     assert read_index((root / INDEX_NAME).read_bytes()).keys() == {f"part-00{k}.jsonl" for k in range(3)}
 
 
+def test_an_error_remembered_by_another_tidal_is_scanned_again(tmp_path: Path) -> None:
+    """A file an earlier tidal could not read (a reader since fixed) is scanned again, not skipped
+    for ever on the index's word; an error this tidal found is trusted while the file is unchanged."""
+    from tidal.sources.index_file import scanner
+
+    root = make_shards(tmp_path / "data", [3, 4], kinds=("jsonl",))
+    tidal.Dataset(root)
+    index = json.loads((root / INDEX_NAME).read_text())
+    assert "scanner" not in index  # a readable file's entry says nothing of who counted it
+    index["error"] = [None, f"{root / 'part-001.jsonl'}: not JSON (an older reader)"]
+    index.pop("rows")
+    (root / INDEX_NAME).write_text(json.dumps(index))  # as a tidal before "scanner" wrote it
+    ds = tidal.Dataset(root, errors="skip")
+    assert ds.num_records == 7 and ds.shards[1].error is None
+    index = json.loads((root / INDEX_NAME).read_text())
+    index["error"] = [None, f"{root / 'part-001.jsonl'}: not JSON (this tidal)"]
+    index["scanner"] = [None, scanner()]
+    (root / INDEX_NAME).write_text(json.dumps(index))
+    ds = tidal.Dataset(root, errors="skip")  # trusted: the file is not read again
+    assert ds.num_records == 3 and "this tidal" in (ds.shards[1].error or "")
+    (root / "part-002.parquet").write_bytes(b"PAR1 not a footer")
+    tidal.Dataset(root, errors="skip")
+    index = json.loads((root / INDEX_NAME).read_text())
+    at = index["files"].index("part-002.parquet")
+    assert index["error"][at] and index["scanner"][at] == scanner()  # found by this tidal: stamped
+
+
 def test_entries_put_many_is_put_of_each(tmp_path: Path) -> None:
     from tidal.sources.index_file import Entries
 

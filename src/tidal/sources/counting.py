@@ -19,7 +19,8 @@ A file whose scan fails (truncated, corrupt, not of its format) is an entry with
 a function that returns) the file counts 0 records, is logged (logger ``tidal``, under
 ``"skip"``) and keeps its error on its :class:`Shard`, where ``stats()`` and ``tidal
 inspect`` find it. The index never counts records that cannot be read back. A dataset none
-of whose files can be read is an error under every policy.
+of whose files can be read is an error under every policy. An error is remembered with the
+tidal version that found it (``"scanner"``): another version scans the file again.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 
 from tidal.errors import FormatError, StorageError
 from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
-from tidal.sources.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save
+from tidal.sources.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save, scanner
 from tidal.sources.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
 from tidal.sources.published import read as read_published
 from tidal.sources.shards import NO_INFO, Shard, Shards
@@ -416,7 +417,9 @@ def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
         entry is not None
         and entry.get("bytes") == stat.size
         and entry.get("version") == stat.version
-        and holds_together(entry.get("rows"), entry.get("format"), entry.get("error"), entry.get("info"))
+        and holds_together(
+            entry.get("rows"), entry.get("format"), entry.get("error"), entry.get("info"), entry.get("scanner")
+        )
     )
 
 
@@ -440,9 +443,9 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
     except (FormatError, *data_errors()) as exc:  # type: ignore[misc]  # a tuple of exception classes
         _not_exhausted(url, exc)
         if isinstance(exc, FormatError):
-            return {"format": format or "?", **entry, "error": redact_urls(str(exc))}
+            return {"format": format or "?", **entry, "error": redact_urls(str(exc)), "scanner": scanner()}
         error = f"{url}: unreadable ({type(exc).__name__}): {exc}"  # what a format module let through: named
-        return {"format": format or "?", **entry, "error": redact_urls(error)}
+        return {"format": format or "?", **entry, "error": redact_urls(error), "scanner": scanner()}
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info
@@ -496,9 +499,10 @@ def _scan(path: str, format: str | None, size: int, mtime_ns: int) -> dict:
     except (FormatError, *data_errors()) as exc:  # type: ignore[misc]  # a tuple of exception classes
         _not_exhausted(path, exc)
         if isinstance(exc, FormatError):
-            return {"format": format or "?", **entry, "error": str(exc)}
+            return {"format": format or "?", **entry, "error": str(exc), "scanner": scanner()}
         # what a format module let through: still named, never raw
-        return {"format": format or "?", **entry, "error": f"{path}: unreadable ({type(exc).__name__}): {exc}"}
+        error = f"{path}: unreadable ({type(exc).__name__}): {exc}"
+        return {"format": format or "?", **entry, "error": error, "scanner": scanner()}
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info

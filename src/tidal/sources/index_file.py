@@ -11,6 +11,7 @@ scanned again, and none can name a file (:mod:`tidal.sources.counting` keeps onl
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -94,7 +95,7 @@ def save(where: Path, entries: Entries, data: bytes | None = None) -> None:
         raise StorageError(f"cannot write the shard index {where}: {exc}") from exc
 
 
-_FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error")
+_FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error", "scanner")
 _STORED = {"version": "file_version"}  # a field's name in the file, where another name is taken
 
 
@@ -171,7 +172,7 @@ class Entries:
     def usable(self) -> np.ndarray:
         """Which entries hold together (and one False at the end, for position -1)."""
         c = self.columns
-        ok = map(holds_together, c["rows"], c["format"], c["error"], c["info"])
+        ok = map(holds_together, c["rows"], c["format"], c["error"], c["info"], c["scanner"])
         return np.fromiter([*ok, False], dtype=bool, count=len(self.keys) + 1)
 
     def to_json(self, *, complete: bool = False) -> bytes:
@@ -183,10 +184,20 @@ class Entries:
         return json.dumps(out, separators=(",", ":")).encode()
 
 
-def holds_together(rows: Any, format: Any, error: Any, info: Any) -> bool:
+@functools.cache
+def scanner() -> str:
+    """What an entry's ``"scanner"`` says of an error this tidal found: its version. An error
+    found by another version (or an index that does not say) is scanned again, since the
+    readers may have changed; what a scan counted holds whoever counted it."""
+    import tidal
+
+    return f"tidal {tidal.__version__}"
+
+
+def holds_together(rows: Any, format: Any, error: Any, info: Any, found_by: Any = None) -> bool:
     """Whether an entry's facts can be trusted as what a scan found (else the file is scanned again)."""
     if error is not None:
-        return isinstance(error, str)
+        return isinstance(error, str) and found_by == scanner()
     return type(rows) is int and rows >= 0 and format in _KNOWN and (info is None or isinstance(info, dict))
 
 

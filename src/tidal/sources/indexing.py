@@ -20,7 +20,7 @@ from typing import Any
 from tidal.errors import ArgumentError, SourceError, StorageError
 from tidal.sources import counting, storage_settings
 from tidal.sources.counting import count_remote, record_counts, uncounted
-from tidal.sources.index_file import Entries
+from tidal.sources.index_file import Entries, scanner
 from tidal.sources.listing import listing, remote_root
 from tidal.sources.published import location, publish
 from tidal.sources.shards import Shards
@@ -171,5 +171,6 @@ def _entry(shard: Any) -> dict:
         entry["info"] = shard.info
     if shard.error is not None:
         entry["error"] = shard.error
+        entry["scanner"] = scanner()  # found by this tidal: another version scans the file again
         entry.pop("rows")
     return entry

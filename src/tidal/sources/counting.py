@@ -441,15 +441,8 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
     except StorageError:
         raise
     except (FormatError, *data_errors()) as exc:  # type: ignore[misc]  # a tuple of exception classes
-        _not_exhausted(url, exc)
-        if isinstance(exc, FormatError):
-            return {"format": format or "?", **entry, "error": redact_urls(str(exc)), "scanner": scanner()}
-        error = f"{url}: unreadable ({type(exc).__name__}): {exc}"  # what a format module let through: named
-        return {"format": format or "?", **entry, "error": redact_urls(error), "scanner": scanner()}
-    entry["rows"] = info.pop("rows")
-    if info:
-        entry["info"] = info
-    return entry
+        return _failed(url, format, entry, exc)
+    return _found(entry, info)
 
 
 def _footer_only(url: str, size: int, detected: tuple[str, str | None] | None = None) -> bool:
@@ -497,16 +490,24 @@ def _scan(path: str, format: str | None, size: int, mtime_ns: int) -> dict:
         entry.update(format=name, compression=compression)
         info = module(name).scan(path, compression)
     except (FormatError, *data_errors()) as exc:  # type: ignore[misc]  # a tuple of exception classes
-        _not_exhausted(path, exc)
-        if isinstance(exc, FormatError):
-            return {"format": format or "?", **entry, "error": str(exc), "scanner": scanner()}
-        # what a format module let through: still named, never raw
-        error = f"{path}: unreadable ({type(exc).__name__}): {exc}"
-        return {"format": format or "?", **entry, "error": error, "scanner": scanner()}
+        return _failed(path, format, entry, exc)
+    return _found(entry, info)
+
+
+def _found(entry: dict, info: dict) -> dict:
+    """The entry of a file a scan counted: its rows, and the rest of what the scan found."""
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info
     return entry
+
+
+def _failed(path: str, format: str | None, entry: dict, exc: BaseException) -> dict:
+    """The entry of a file whose scan failed: the error named (what a format module let through
+    too, never raw), with the tidal that found it; a machine out of resources raises instead."""
+    _not_exhausted(path, exc)
+    error = str(exc) if isinstance(exc, FormatError) else f"{path}: unreadable ({type(exc).__name__}): {exc}"
+    return {"format": format or "?", **entry, "error": redact_urls(error), "scanner": scanner()}
 
 
 def _not_exhausted(path: str, exc: BaseException) -> None:

@@ -120,6 +120,7 @@ def main() -> None:
         (8, "spawn", False),
         (2, "forkserver", True),
         (8, "forkserver", True),
+        (8, "forkserver", False),
     ]
     mem_runs: dict[str, list[float]] = {k: [] for k in memory}
     first_runs: dict[tuple, list[float]] = {k: [] for k in first}

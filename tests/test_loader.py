@@ -161,7 +161,7 @@ def _warmed_in_order(log: Path, order: list[int], batch: int) -> None:
         assert seen[:first].count(before) >= batch, (order, seen[: first + 1])
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_workers_beyond_the_cores_warm_up_in_the_order_the_loop_asks_for_them(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: str
 ) -> None:
@@ -181,7 +181,7 @@ def test_workers_beyond_the_cores_warm_up_in_the_order_the_loop_asks_for_them(
     assert head + ids(list(it)) == plain
     _warmed_in_order(log, [0, 1, 2, 3], 4)
     pickle.dumps(loader)  # the gate is the pass's, not the loader's: it still pickles (as its workers receive it)
-    if context == "spawn":  # the gate crossed to spawned workers; the resumed order is the same with fork
+    if context != "fork":  # the gate crossed to spawned workers; the resumed order is the same with fork
         return
     log.unlink()
     resumed = tidal.DataLoader(ds, num_workers=4, multiprocessing_context=context)

@@ -48,11 +48,10 @@ from tidal.state import keys as k
 from tidal.state import schema
 from tidal.state.ledger import Ledger
 from tidal.state.schema import RankState
-from tidal.transport import orphans, rings
+from tidal.transport import orphans, rings, warmup
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
 from tidal.transport.pool import Ahead
 from tidal.transport.torch import TorchBundle, as_tensors, widen
-from tidal.transport.warmup import WarmupGate
 from tidal.world import World
 
 _log = logging.getLogger("tidal")
@@ -76,7 +75,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.bundled = False
         self.rings: list[str] = []  # each worker's segment of shared memory (tidal.transport.rings); none: the pipe
         self.slots = 0  # slots in each
-        self.warmup: WarmupGate | None = None  # the order workers make their first batch in; None: all at once
+        self.warmup: warmup.WarmupGate | None = None  # the order workers make their first batch in; None: all at once
         self.loop: int | None = None  # the process starting the workers now, which they outlive no longer
 
     def __iter__(self) -> Iterator[Any]:
@@ -377,12 +376,10 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         self._stream.rings = made or []
         if self.num_workers:
-            _preload_forkserver(self.multiprocessing_context)
-        slots = env.warmup_workers()
-        gate = None
-        if self.num_workers > slots:
-            context = self.multiprocessing_context or multiprocessing.get_context()
-            gate = self._stream.warmup = WarmupGate(context, self.num_workers, self._ledger.next_worker, slots)
+            warmup.preload_forkserver(self.multiprocessing_context)
+        gate = self._stream.warmup = warmup.start_gate(
+            self.multiprocessing_context, self.num_workers, self._ledger.next_worker
+        )
         try:
             bundles = super().__iter__()
         except BaseException:
@@ -525,22 +522,6 @@ class DataLoader(torch.utils.data.DataLoader):
 
 def _kept(_: Any) -> None:
     """What a finalizer calls with what it kept alive until then."""
-
-
-def _preload_forkserver(context: Any) -> None:
-    """Have the forkserver (Python 3.14's default start method on Linux) import torch and tidal
-    before it forks the workers, so that each starts with them in a moment instead of importing
-    them all at once, as spawned workers do. Added to what it preloads already; no effect once
-    the server runs (it started with what was asked then)."""
-    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
-    if method != "forkserver":
-        return
-    from multiprocessing import forkserver
-
-    preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
-    wanted = [*preload, *(m for m in ("torch", "tidal.loader") if m not in preload)]
-    if wanted != preload:
-        (context or multiprocessing).set_forkserver_preload(wanted)
 
 
 def _close(source: Iterator[Any]) -> None:

@@ -12,10 +12,12 @@ their blocks while the loop works through the first batches.
 
 from __future__ import annotations
 
-import os
+import multiprocessing
 import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
+
+from tidal import env
 
 T = TypeVar("T")
 PATIENCE_S = 60.0  # how long a worker waits for one ahead that never reports (killed)
@@ -33,13 +35,14 @@ class WarmupGate:
     def __init__(self, context: Any, workers: int, first: int, slots: int):
         self.ready = context.Value("i", 0)
         self.workers, self.first, self.slots = workers, first, slots
-        self.loop = os.getpid()  # the training process: a worker whose parent it is no longer waits no longer
 
     def gated(self, batches: Iterator[T], worker: int) -> Iterator[T]:
         """``batches``, their first made once this worker's turn to warm up has come."""
         turn = (worker - self.first) % self.workers
         deadline = time.monotonic() + PATIENCE_S
-        while turn >= self.ready.value + self.slots and time.monotonic() < deadline and os.getppid() == self.loop:
+        while (
+            turn >= self.ready.value + self.slots and time.monotonic() < deadline
+        ):  # (killed: tidal.transport.orphans)
             time.sleep(_POLL_S)
         try:
             first = next(batches, None)
@@ -50,3 +53,28 @@ class WarmupGate:
             return
         yield first
         yield from batches
+
+
+def start_gate(context: Any, workers: int, first: int) -> WarmupGate | None:
+    """The gate of a pass of ``workers`` started from ``context`` (None: the default), or None
+    where they are no more than warm up at once (:func:`tidal.env.warmup_workers`)."""
+    slots = env.warmup_workers()
+    if workers <= slots:
+        return None
+    return WarmupGate(context or multiprocessing.get_context(), workers, first, slots)
+
+
+def preload_forkserver(context: Any) -> None:
+    """Have the forkserver (Python 3.14's default start method on Linux) import torch and tidal
+    before it forks the workers, so that each starts with them in a moment instead of importing
+    them all at once, as spawned workers do. Added to what it preloads already; no effect once
+    the server runs (it started with what was asked then)."""
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    if method != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+    wanted = [*preload, *(m for m in ("torch", "tidal.loader") if m not in preload)]
+    if wanted != preload:
+        (context or multiprocessing).set_forkserver_preload(wanted)

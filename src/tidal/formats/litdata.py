@@ -60,6 +60,7 @@ the file; an Arrow footer is validated whole when the chunk is opened.
 from __future__ import annotations
 
 import builtins
+import itertools
 import json
 import os
 import pickle
@@ -369,6 +370,26 @@ class LitdataReader:
                 "Pass the format option allow_pickle=True if you trust this data"
             )
         self._errors = errors
+        self._ids = self._flat_ids(columns)
+
+    def _flat_ids(self, columns: list[str] | None) -> np.ndarray | None:
+        """A chunk of token documents (``TokensLoader``) stored plain: all its items, as one view
+        of token ids, so that a read makes one view per document instead of parsing each item.
+        Where every item starts on a token boundary; else (or compressed) None."""
+        chunk = self._chunk
+        if not self._tokens or chunk.footer is not None or chunk._sample or chunk._frames is not None:
+            return None
+        if columns not in (None, ["input_ids"]) or len(self._formats) != 1:
+            return None
+        name, _, arg = self._formats[0].partition(":")
+        if name not in ("no_header_numpy", "no_header_tensor") or not arg.isdigit():
+            return None
+        named = (dict(enumerate(_NUMPY)) if name == "no_header_numpy" else _TORCH).get(int(arg))
+        dtype = np.dtype(named or "O")
+        if dtype.kind not in "iu" or (chunk.offsets % dtype.itemsize).any():
+            return None
+        data = chunk.data
+        return data[: len(data) // dtype.itemsize * dtype.itemsize].view(dtype)
 
     def _leaf(self, fmt: str, value: np.ndarray) -> Any:
         name, _, arg = fmt.partition(":")
@@ -435,6 +456,9 @@ class LitdataReader:
         if footer is not None:
             table = footer.slice(start, stop - start)
             return Piece(table.select(self._columns) if self._columns is not None else table)
+        if self._ids is not None:  # token documents: a view each, bounds checked when the chunk opened
+            ids, bounds = self._ids, (self._chunk.offsets[start : stop + 1] // self._ids.itemsize).tolist()
+            return Piece([{"input_ids": ids[a:z]} for a, z in itertools.pairwise(bounds)])
         records: list[Any] = []
         valid: np.ndarray | None = None
         for row in range(start, stop):

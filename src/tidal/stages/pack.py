@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, cast
 
 import numpy as np
@@ -154,7 +155,7 @@ def _doc_tokens(
         docs = [_tokens(r, column) for r in recs]  # None: the record has no such field
         needed.check(recs)
     else:
-        if all(type(d) is np.ndarray and d.ndim == 1 and d.dtype.kind in "iu" for d in values):  # token shards
+        if _token_arrays(values):  # token shards
             return _with_eos(values, cfg), range(len(values))
         docs = [d if isinstance(d, np.ndarray) else _as_array(d) for d in values]
     bad = [i for i, d in enumerate(docs) if d is None or d.ndim != 1 or (d.dtype.kind not in "iu" and d.size)]
@@ -182,6 +183,16 @@ def _doc_tokens(
         kept = [i for i in kept if i not in skip]
         docs = [docs[i] for i in kept]
     return _with_eos(cast("list[np.ndarray]", docs), cfg), kept  # the None were bad
+
+
+def _token_arrays(values: list) -> bool:
+    """Whether every value is a 1-D integer array (checked by C loops: a chunk holds hundreds)."""
+    if set(map(type, values)) != {np.ndarray}:
+        return not values
+    return set(map(_NDIM, values)) == {1} and all(t.kind in "iu" for t in set(map(_DTYPE, values)))
+
+
+_NDIM, _DTYPE = attrgetter("ndim"), attrgetter("dtype")
 
 
 def _with_eos(docs: list[np.ndarray], cfg: PackConfig) -> list[np.ndarray]:
@@ -241,7 +252,8 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, n: int, cfg: PackConfig) ->
         bounds = np.union1d(starts[starts < T], rows)  # where each piece of a document begins
         lengths = np.diff(bounds, append=T)
         if "position_ids" in want:
-            out["position_ids"] = np.subtract(_arange(T), np.repeat(bounds, lengths)).reshape(n, L)
+            first_of = np.repeat(bounds, lengths)  # each token's piece's first token, made the positions in place
+            out["position_ids"] = np.subtract(_arange(T), first_of, out=first_of).reshape(n, L)
         if "segment_ids" in want:
             first = np.searchsorted(bounds, rows)  # each sequence's first piece
             piece = np.arange(len(bounds)) - np.repeat(first, np.diff(first, append=len(bounds))) + 1

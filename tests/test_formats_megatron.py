@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import tidal
 from tidal.testing import assert_resumes_exactly
+
+pytest_plugins = ["s3_fixtures"]
 
 CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}
 
@@ -74,3 +77,46 @@ def test_truncated_index_is_a_format_error(tmp_path: Path) -> None:
     (tmp_path / "a.idx").write_bytes((tmp_path / "a.idx").read_bytes()[:-5])
     with pytest.raises(tidal.FormatError, match=r"a.idx: truncated or corrupt"):
         tidal.Dataset(path)
+
+
+def test_megatron_pairs_on_s3_read_as_the_local_ones(s3: Any, bucket: str, tmp_path: Path) -> None:
+    # before: "a Megatron .bin is read beside its .idx, from a local file" at tidal.Dataset(url)
+    local_dir = tmp_path / "local"
+    local_dir.mkdir()
+    write_megatron(local_dir / "a_text_document", corpus(40, seed=1))
+    write_megatron(local_dir / "b_text_document", corpus(25, seed=2), np.int32)
+    url = s3.upload(local_dir, bucket, "megatron")
+    local = tidal.Dataset(local_dir)
+    remote = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache")
+    assert remote.num_records == local.num_records > 65
+    assert [s.info["beside"]["bytes"] for s in remote.shards] == [
+        (local_dir / n).stat().st_size for n in ("a_text_document.idx", "b_text_document.idx")
+    ]  # what a reader fetches the .idx by; the index keeps no URL of it
+    same = lambda xs, ys: (
+        len(xs) == len(ys)
+        and all(  # noqa: E731
+            x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(xs, ys, strict=True)
+        )
+    )
+    assert same([r["input_ids"] for r in remote], [r["input_ids"] for r in local])
+    assert assert_resumes_exactly(remote.shuffle(seed=3, block_size=8).batch(4)) == remote.num_records // 4
+    # packed in DataLoader workers, each fetching the pair into the shared cache
+    torch = pytest.importorskip("torch")
+    packed = lambda ds: ds.shuffle(seed=5, block_size=16).pack(32).batch(2)  # noqa: E731
+    got = [b["input_ids"] for b in tidal.DataLoader(packed(remote), num_workers=2)]
+    want = [b["input_ids"] for b in tidal.DataLoader(packed(local), num_workers=2)]
+    assert got and all(torch.equal(g, w) for g, w in zip(got, want, strict=True)) and len(got) == len(want)
+
+
+def test_a_corrupt_remote_idx_is_a_format_error_naming_it(s3: Any, bucket: str, tmp_path: Path) -> None:
+    local_dir = tmp_path / "local"
+    local_dir.mkdir()
+    write_megatron(local_dir / "docs", corpus(10))
+    write_megatron(local_dir / "good", corpus(7))
+    idx = local_dir / "docs.idx"
+    idx.write_bytes(idx.read_bytes()[:-8])
+    url = s3.upload(local_dir, bucket, "bad")
+    ds = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache", errors="skip")
+    assert len(list(ds)) == ds.num_records == tidal.Dataset(local_dir / "good.bin").num_records
+    with pytest.raises(tidal.FormatError, match=rf"{url}/docs.idx: truncated or corrupt"):
+        tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache2")

@@ -246,9 +246,12 @@ def detect(path: str, name: str | None = None, exists: Callable[[str], bool] | N
 class Located:
     """Where a shard's bytes are in this process: a remote shard's copy in the shard cache, or a
     function that opens it for ranged reads. The reading stage puts it in ``info["file"]`` when
-    it opens a reader; an index is JSON and cannot hold one, so an index never redirects a read."""
+    it opens a reader; an index is JSON and cannot hold one, so an index never redirects a read.
+    ``beside``: the local copy of the file a format reads beside a remote shard (a Megatron
+    ``.idx``), where its module names one (``beside(path)``)."""
 
     file: str | Callable[[], Any]
+    beside: str | None = None
 
 
 def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[], IO[bytes]]:

@@ -16,7 +16,8 @@ A row is a sequence, ``{"input_ids": ids}``, as Megatron's ``IndexedDataset[i]``
 the ids are a zero-copy view of the memory-mapped ``.bin``. Every pointer and length is
 checked against the ``.bin``'s size when the file is opened, so a hostile index cannot make
 a read leave the file. The ``.bin`` is the shard; its ``.idx`` must sit beside it (which is
-how :func:`claims` tells a Megatron ``.bin`` from a flat token file).
+how :func:`claims` tells a Megatron ``.bin`` from a flat token file). Remote pairs are read
+too: the ``.idx`` is fetched into the shard cache beside the ``.bin`` (:func:`beside`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import FormatError, SchemaError
-from tidal.formats import Errors, Options, Piece, source
+from tidal.formats import Errors, Located, Options, Piece, source
 from tidal.formats.binary import check_offsets, mapped, view
 
 NAME = "megatron"
-__all__ = ["NAME", "claims", "columns", "open", "scan"]
+__all__ = ["NAME", "beside", "claims", "columns", "open", "scan"]
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEAD = struct.Struct("<9sQBQQ")  # 34 bytes
@@ -45,19 +46,28 @@ def claims(path: str, exists: Callable[[str], bool]) -> bool:
     return path.endswith(".bin") and exists(path[: -len(".bin")] + ".idx")
 
 
-def _idx_of(path: str, src: Any) -> str:
+def beside(path: str) -> str:
+    """The file read beside the shard ``path``: its index. A remote one is fetched into the shard
+    cache with the ``.bin`` (:class:`~tidal.formats.Located`), whose own copy there has another name."""
+    return path[: -len(".bin")] + ".idx"
+
+
+def _idx_of(path: str, src: Any, idx: str | None) -> str:
+    if idx is not None:
+        return idx
     if not isinstance(src, str) or not src.endswith(".bin"):
-        raise FormatError(f"{path}: a Megatron .bin is read beside its .idx, from a local file")
-    return src[: -len(".bin")] + ".idx"
+        raise FormatError(f"{path}: a Megatron .bin is read beside its .idx, which was not fetched with it")
+    return beside(src)
 
 
 class MegatronReader:
-    def __init__(self, path: str, src: Any):
+    def __init__(self, path: str, src: Any, fetched_idx: str | None = None):
         self.path = path
-        idx_path = _idx_of(path, src)
-        if not os.path.exists(idx_path):
+        local = _idx_of(path, src, fetched_idx)
+        idx_path = beside(path)  # as errors name it: not its copy in the cache
+        if not os.path.exists(local):
             raise FormatError(f"{path}: no {os.path.basename(idx_path)} beside it")
-        idx = mapped(idx_path, idx_path)
+        idx = mapped(idx_path, local)
         if len(idx) < _HEAD.size:
             raise FormatError(f"{idx_path}: not a Megatron index: {len(idx)} bytes, shorter than its header")
         magic, version, code, seqs, docs = _HEAD.unpack(idx[: _HEAD.size].tobytes())
@@ -103,10 +113,10 @@ class MegatronReader:
         pass
 
 
-def scan(path: str, compression: str | None, file: str | None = None) -> dict:
+def scan(path: str, compression: str | None, file: str | None = None, beside: str | None = None) -> dict:
     if compression is not None:
         raise FormatError(f"{path}: Megatron datasets are memory-mapped; a {compression} wrapper is not supported")
-    r = MegatronReader(path, file or path)
+    r = MegatronReader(path, file or path, beside)
     return {
         "rows": len(r.lengths),
         "tokens": int(r.lengths.sum(dtype=np.int64)),
@@ -129,4 +139,5 @@ def open(  # noqa: A001
 ) -> MegatronReader:
     if columns is not None and list(columns) != ["input_ids"]:
         raise SchemaError(f"{path}: a Megatron dataset has one column, 'input_ids'; asked for {columns}")
-    return MegatronReader(path, source(path, info))
+    where = info.get("file")
+    return MegatronReader(path, source(path, info), where.beside if isinstance(where, Located) else None)

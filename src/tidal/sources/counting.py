@@ -436,7 +436,13 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
                 info = _scan_file(name, url, compression, f)
         else:
             with fetcher.acquire(Entry(url, stat.size, stat.version)) as handle:
-                info = _scan_file(name, url, compression, str(handle.path), siblings)
+                near = _beside(name, url, siblings)
+                if near is None:
+                    info = _scan_file(name, url, compression, str(handle.path), siblings)
+                else:
+                    with fetcher.acquire(Entry(module(name).beside(url), near["bytes"], near["version"])) as held:
+                        info = _scan_file(name, url, compression, str(handle.path), siblings, str(held.path))
+                    info["beside"] = near
                 entry["hash"] = handle.digest
     except StorageError:
         raise
@@ -454,11 +460,30 @@ def _footer_only(url: str, size: int, detected: tuple[str, str | None] | None = 
     return name == "parquet" and compression is None and size > 0
 
 
-def _scan_file(name: str, url: str, compression: str | None, file: Any, siblings: Siblings | None = None) -> dict:
+def _beside(name: str, url: str, siblings: Siblings) -> dict | None:
+    """The size and version of the file a format reads beside a remote shard (``beside(path)`` of
+    its module: a Megatron ``.idx``), kept in the shard's info for its readers to fetch it by;
+    None where the format names none."""
+    named = getattr(module(name), "beside", None)
+    if named is None:
+        return None
+    near = named(url)
+    stat = siblings.stat(near)
+    if stat is None:
+        raise FormatError(f"{url}: no {posixpath.basename(near)} beside it")
+    return {"bytes": stat.size, "version": stat.version}
+
+
+def _scan_file(
+    name: str, url: str, compression: str | None, file: Any, siblings: Siblings | None = None, beside: str | None = None
+) -> dict:
     """``scan`` of a format, given where the bytes are; errors name ``url``. A format that reads
-    a manifest beside its files (``MANIFEST``) is given its bytes where the file is remote."""
+    a manifest beside its files (``MANIFEST``) is given its bytes where the file is remote, and
+    one that reads a file beside it (``beside``) the local copy of that file."""
     fmt = module(name)
     scan = fmt.scan
+    if beside is not None:
+        return scan(url, compression, file=file, beside=beside)
     manifest = getattr(fmt, "MANIFEST", None)
     if manifest is not None and siblings is not None and "://" in url:
         found = siblings.read(posixpath.join(posixpath.dirname(url), manifest))

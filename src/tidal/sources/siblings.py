@@ -31,7 +31,11 @@ class Siblings:
             return made
 
     def exists(self, url: str) -> bool:
-        return self._ask("stat", url) is not None
+        return self.stat(url) is not None
+
+    def stat(self, url: str) -> Any:
+        """The sibling's ``FileStat`` (size, version); None where there is none."""
+        return self._ask("stat", url)
 
     def read(self, url: str) -> bytes | None:
         return self._ask("cat", url)

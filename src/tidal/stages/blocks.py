@@ -25,6 +25,7 @@ from tidal.formats import Located, Piece, Reader, data_errors, exhausted, module
 from tidal.order import EpochOrder, Intervals
 from tidal.stages.policy import Policy
 from tidal.stages.readers import NotOpened, OpenReaders
+from tidal.storage.cache import Entry
 from tidal.storage.retry import redact_urls
 from tidal.tables import Table, concat, decoded, length, take
 from tidal.world import World
@@ -338,16 +339,21 @@ class BlockReader:
         shard = self._plan.shards[index]
         columns = list(self._plan.columns) if self._plan.columns is not None else None
         info, remote, name = shard.info, self._prefetcher(), shard.path
-        if remote is not None and remote.is_remote(index):
-            info = {**info, "file": Located(remote.open(index))}  # a held local copy, or ranged reads
+        fmt = module(shard.format)
+        held = remote if remote is not None and remote.is_remote(index) else None
+        if held is not None:
+            info = {**info, "file": Located(held.open(index))}  # a held local copy, or ranged reads
             name = redact_urls(shard.path)  # errors name the shard, never a signed URL's query
         try:
-            fmt = module(shard.format)
+            near = shard.info.get("beside")  # the size and version of a file its format reads beside it
+            if held is not None and isinstance(near, dict) and hasattr(fmt, "beside"):
+                entry = Entry(fmt.beside(shard.path), int(near["bytes"]), near.get("version"), check=True)
+                info["file"] = Located(info["file"].file, held.beside(index, entry))
             errors = self._policy.for_file(name)
             return fmt.open(name, shard.compression, info, columns, errors, self._plan.options)
         except BaseException:
-            if remote is not None:
-                remote.release(index)
+            if held is not None:
+                held.release(index)
             raise
 
     def _reader_closed(self, index: int) -> None:

@@ -92,6 +92,7 @@ class Prefetcher:
         self._pending: dict[int, Future[bool | None]] = {}  # fetches ahead, running or queued
         self._pinned: dict[int, Handle] = {}  # fetched ahead, not opened yet
         self._held: dict[int, Handle] = {}  # shards the reader has open
+        self._near: dict[int, Handle] = {}  # files read beside them (see beside)
         self._chosen: set[int] = set()  # what the last ``ahead`` decided to have on disk
         self._wanted: list[int] = []  # the same, in the order the reader opens them
         self._next = 0  # the first of them not started yet (see _fill)
@@ -150,12 +151,27 @@ class Prefetcher:
                 self._fill()  # one fewer ahead: the next wanted one may start
             self.stats.add(io_wait_s=time.monotonic() - t0)
 
+    def beside(self, index: int, near: Entry) -> str:
+        """A held local copy of ``near``, a file the reader of shard ``index`` reads beside it (a
+        Megatron ``.idx``): fetched once per machine like a shard, held until :meth:`release`."""
+        with self._lock:
+            reserved = sum(self._size(i) for i in self._held)
+        handle = self._fetcher.acquire(near, reserved=reserved)
+        assert handle is not None
+        with self._lock:
+            old = self._near.pop(index, None)
+            self._near[index] = handle
+        if old is not None:
+            old.release()
+        return str(handle.path)
+
     def release(self, index: int) -> None:
         """The reader of shard ``index`` is closed: the shard may be evicted again."""
         with self._lock:
-            handle = self._held.pop(index, None)
-        if handle is not None:
-            handle.release()
+            handles = [self._held.pop(index, None), self._near.pop(index, None)]
+        for handle in handles:
+            if handle is not None:
+                handle.release()
 
     @property
     def closed(self) -> bool:
@@ -309,8 +325,9 @@ class Prefetcher:
             self._closed = True
             pending = list(self._pending.values())
             self._pending.clear()
-            handles = [*self._held.values(), *self._pinned.values()]
+            handles = [*self._held.values(), *self._near.values(), *self._pinned.values()]
             self._held.clear()
+            self._near.clear()
             self._pinned.clear()
         for fut in pending:
             fut.cancel()

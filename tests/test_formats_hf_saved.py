@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ import tidal
 from tidal.testing import assert_partition_exact, assert_resumes_exactly, same
 
 datasets = pytest.importorskip("datasets")
+pytest_plugins = ["s3_fixtures"]
 
 
 @pytest.fixture(autouse=True)
@@ -109,3 +111,29 @@ def test_a_directory_with_other_json_is_not_taken_for_a_saved_dataset(tmp_path: 
     out.mkdir()
     (out / "state.json").write_text('{"id": 1}\n')  # JSON lines that happen to be called state.json
     assert list(tidal.Dataset(out)) == [{"id": 1}]
+
+
+def test_a_saved_dataset_on_s3_reads_in_the_order_state_json_lists_them(s3: Any, bucket: str, tmp_path: Path) -> None:
+    # before: its dataset_info.json was read as JSON lines ("malformed JSON record")
+    out = saved(tmp_path, max_shard_size="2KB")
+    state = json.loads((out / "state.json").read_text())
+    state["_data_files"].reverse()  # not the names' order: state.json decides
+    (out / "state.json").write_text(json.dumps(state))
+    url = s3.upload(out, bucket, "saved")
+    remote = tidal.Dataset(url, storage_options=s3.options())
+    assert [Path(s.path).name for s in remote.shards] == [f["filename"] for f in state["_data_files"]]
+    assert list(remote) == list(tidal.Dataset(out)) == list(datasets.load_from_disk(str(out)))
+    assert assert_resumes_exactly(remote.shuffle(seed=3, block_size=16).batch(4)) == N // 4
+    # a DatasetDict asks for a split, as a local one does; a state.json naming a missing file is refused
+    hf = datasets.Dataset.from_list([record(i) for i in range(N)])
+    datasets.DatasetDict({"train": hf, "test": hf.select(range(10))}).save_to_disk(str(tmp_path / "dd"))
+    url = s3.upload(tmp_path / "dd", bucket, "dd")
+    with pytest.raises(tidal.SourceError, match=r"DatasetDict .* splits train, test.*dd/train"):
+        tidal.Dataset(url, storage_options=s3.options())
+    assert [r["id"] for r in tidal.Dataset(f"{url}/test", storage_options=s3.options())] == list(range(10))
+    (out / "state.json").write_text(json.dumps({**state, "_data_files": [{"filename": "gone.arrow"}]}))
+    url = s3.upload(out, bucket, "broken")
+    with pytest.raises(
+        tidal.SourceError, match=r"saved/state.json: lists gone.arrow|broken/state.json: lists gone.arrow"
+    ):
+        tidal.Dataset(url, storage_options=s3.options())

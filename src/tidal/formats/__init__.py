@@ -181,6 +181,24 @@ def _ordered(path: str | os.PathLike) -> tuple[list[str], list[str] | None] | No
     return None
 
 
+def listed_in_order(entry: str, found: Mapping[str, Any], read: Callable[[str], bytes | None]) -> dict[str, Any]:
+    """A remote directory's listing (``found``: URL to what the store said of it) as
+    :func:`in_order` makes a local one: where the directory lists its files in order in a
+    manifest (``save_to_disk``'s ``state.json``, LitData's ``index.json``: ``read(url)``, None
+    where there is none), those files in that order, and not the manifest's other files; else
+    as it is."""
+    root = entry.rstrip("/")
+    if "://" not in root or any(c in root.split("://", 1)[1] for c in "*?["):
+        return dict(found)
+    prefix = root + "/"
+    names = {u[len(prefix) :] for u in found if u.startswith(prefix) and "/" not in u[len(prefix) :]}
+    for where in _ORDERED_DIRECTORIES:
+        got = importlib.import_module(where).listed(root, names, read)
+        if got is not None:
+            return {u: found[u] for u in got[0]}
+    return dict(found)
+
+
 def _nothing(path: str) -> bool:
     return False
 

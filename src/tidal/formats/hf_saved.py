@@ -13,7 +13,8 @@ describe them, none of which holds records::
 
 :func:`files` recognizes a local directory of the first kind by its ``state.json`` and
 ``dataset_info.json`` and names its Arrow files in the order ``state.json`` lists them (the
-order ``datasets.load_from_disk`` reads them in), read with tidal's Arrow reader. Names in
+order ``datasets.load_from_disk`` reads them in), read with tidal's Arrow reader; :func:`listed`
+does the same for a remote one, from its listing and its ``state.json``. Names in
 ``state.json`` are plain file names in the directory: one with a separator or ``..``, or one
 that is missing, is a :class:`~tidal.errors.SourceError` naming ``state.json``. Where a
 saved dataset was given a format with only some columns (``ds.set_format(columns=[...])``, so
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+from collections.abc import Callable, Collection
 from typing import Any
 
 from tidal.errors import SourceError
@@ -35,7 +38,7 @@ from tidal.errors import SourceError
 STATE = "state.json"
 INFO = "dataset_info.json"
 SPLITS = "dataset_dict.json"
-__all__ = ["files"]
+__all__ = ["files", "listed"]
 
 
 def files(path: Any) -> tuple[list[str], list[str] | None] | None:  # see tidal.formats.in_order
@@ -54,37 +57,67 @@ def files(path: Any) -> tuple[list[str], list[str] | None] | None:  # see tidal.
         return None
     try:
         with open(state, "rb") as f:
-            data = json.load(f)
-        names = [entry["filename"] for entry in data["_data_files"]]
-    except (OSError, ValueError, LookupError, TypeError) as exc:
+            data = f.read()
+    except OSError as exc:
+        raise SourceError(f"{state}: unreadable: {exc!r}") from None
+    names, shown = _state(state, data)
+    for name in names:
+        if not os.path.isfile(os.path.join(root, name)):
+            raise SourceError(f"{state}: lists {name}, which is not in {root}")
+    return [os.path.join(root, name) for name in names], shown
+
+
+def listed(
+    root: str, names: Collection[str], read: Callable[[str], bytes | None]
+) -> tuple[list[str], list[str] | None] | None:
+    """:func:`files` of a remote directory, from its listing (``names``: the files directly in
+    it) and ``read(url)`` of its ``state.json``: None where it is not a ``save_to_disk`` one."""
+    if SPLITS in names:
+        raise SourceError(_splits_message(root, read))
+    if STATE not in names or INFO not in names:
+        return None
+    state = posixpath.join(root, STATE)
+    files, shown = _state(state, read(state) or b"")
+    for name in files:
+        if name not in names:
+            raise SourceError(f"{state}: lists {name}, which is not in {root}")
+    return [posixpath.join(root, name) for name in files], shown
+
+
+def _state(state: str, data: bytes) -> tuple[list[str], list[str] | None]:
+    """The data files a ``state.json`` (at ``state``) lists, and the columns its format shows."""
+    try:
+        parsed = json.loads(data)
+        names = [entry["filename"] for entry in parsed["_data_files"]]
+    except (ValueError, LookupError, TypeError) as exc:
         raise SourceError(f"{state}: not the state.json of a datasets.save_to_disk directory: {exc!r}") from None
     if not names:
         raise SourceError(f"{state}: lists no data files")
-    out = []
     for name in names:
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or os.sep in name:
             raise SourceError(f"{state}: {name!r} is not a file name in its directory")
-        full = os.path.join(root, name)
-        if not os.path.isfile(full):
-            raise SourceError(f"{state}: lists {name}, which is not in {root}")
-        out.append(full)
-    shown = data.get("_format_columns")
-    if shown is not None and not data.get("_output_all_columns", False):
+    shown = parsed.get("_format_columns")
+    if shown is not None and not parsed.get("_output_all_columns", False):
         if not isinstance(shown, list) or not all(isinstance(c, str) for c in shown):
             raise SourceError(f"{state}: _format_columns is not a list of column names: {shown!r}")
-        return out, shown
-    return out, None
+        return names, shown
+    return names, None
 
 
-def _splits_message(root: str) -> str:
+def _splits_message(root: str, read: Callable[[str], bytes | None] | None = None) -> str:
+    join = os.path.join if read is None else posixpath.join
     try:
-        with open(os.path.join(root, SPLITS), "rb") as f:
-            splits = [str(s) for s in json.load(f)["splits"]]
+        if read is not None:
+            data = read(join(root, SPLITS)) or b""
+        else:
+            with open(join(root, SPLITS), "rb") as f:
+                data = f.read()
+        splits = [str(s) for s in json.loads(data)["splits"]]
     except (OSError, ValueError, LookupError, TypeError):
-        splits = sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, STATE)))
+        splits = [] if read is not None else sorted(d for d in os.listdir(root) if os.path.isfile(join(root, d, STATE)))
     first = splits[0] if splits else "train"
     return (
         f"{root} is a datasets.DatasetDict saved with save_to_disk: it holds the splits {', '.join(splits) or '(none)'}. "
-        f"Pass one split's directory, e.g. tidal.Dataset({os.path.join(root, first)!r}), "
+        f"Pass one split's directory, e.g. tidal.Dataset({join(root, first)!r}), "
         "or tidal.mix() several"
     )

@@ -64,8 +64,9 @@ import itertools
 import json
 import os
 import pickle
+import posixpath
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -118,8 +119,35 @@ def files(root: str) -> tuple[list[str], None] | None:
         return None
     try:
         with builtins.open(where, "rb") as f:
-            index = json.load(f)
-    except (OSError, ValueError) as exc:
+            data = f.read()
+    except OSError as exc:
+        raise FormatError(f"{where}: unreadable: {exc}") from None
+    names = _chunks(where, data)
+    return ([os.path.join(root, name) for name in names], None) if names else None
+
+
+def listed(root: str, names: Collection[str], read: Callable[[str], bytes | None]) -> tuple[list[str], None] | None:
+    """:func:`files` of a remote directory, from its listing (``names``: the files directly in
+    it, which never hold an ``index.json``) and ``read(url)`` of its ``index.json`` (None where
+    there is none), asked for only where chunks are listed."""
+    if not any(n.startswith("chunk-") and n.endswith(".bin") for n in names):
+        return None
+    where = posixpath.join(root, INDEX)
+    data = read(where)
+    if data is None:
+        return None
+    chunks = _chunks(where, data)
+    missing = [name for name in chunks or [] if name not in names]
+    if missing:
+        raise FormatError(f"{where}: lists {missing[0]}, which is not in {root}")
+    return ([posixpath.join(root, name) for name in chunks], None) if chunks else None
+
+
+def _chunks(where: str, data: bytes) -> list[str] | None:
+    """The chunk names a LitData ``index.json`` lists, in order; None for another ``index.json``."""
+    try:
+        index = json.loads(data)
+    except ValueError as exc:
         raise FormatError(f"{where}: unreadable: {exc}") from None
     if not isinstance(index, dict) or not isinstance(index.get("config"), dict) or "chunks" not in index:
         return None  # the index.json of MDS or tidal token shards: their names sort in order
@@ -128,8 +156,8 @@ def files(root: str) -> tuple[list[str], None] | None:
         name = entry.get("filename") if isinstance(entry, dict) else None
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or os.sep in name:
             raise FormatError(f"{where}: chunk {name!r} is not a file name in its directory")
-        out.append(os.path.join(root, name))
-    return (out, None) if out else None
+        out.append(name)
+    return out
 
 
 def _config(path: str, src: Any, manifest: bytes | None = None) -> tuple[dict, dict]:

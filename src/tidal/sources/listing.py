@@ -12,9 +12,10 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator, Sequence
+from functools import partial
 
-from tidal.errors import SourceError
-from tidal.formats import known_ending
+from tidal.errors import SourceError, StorageError
+from tidal.formats import known_ending, listed_in_order
 from tidal.sources.globs import glob_pattern
 from tidal.sources.published import Sources, listed, location, read
 from tidal.storage.config import Storage
@@ -78,8 +79,20 @@ def _remote_files(
         if published is not None:
             files = listed(published, entry, format, known_ending)
             if files:
-                return files
-    return remote.expand(entry, keep=known_ending)
+                return listed_in_order(entry, files, partial(_manifest, remote))
+    return listed_in_order(entry, remote.expand(entry, keep=known_ending), partial(_manifest, remote))
+
+
+def _manifest(remote: Remote, url: str) -> bytes | None:
+    """A manifest's bytes (:func:`tidal.formats.listed_in_order`); None where the store has none."""
+    try:
+        return remote.cat(url)
+    except SourceError:
+        return None
+    except StorageError as exc:
+        if not exc.permanent:
+            raise
+        return None
 
 
 def remote_root(entry: str) -> str | None:

@@ -11,7 +11,8 @@ What each side yields, so the ratios are read right: tidal ``pack(2048).batch(8)
 ``tidal.DataLoader`` gives int64 ``input_ids``, ``labels``, ``position_ids`` and ``segment_ids``
 (8, 2048); ``-lean`` is ``pack(2048, outputs=("input_ids",))``, int64 ``input_ids`` alone;
 ``-parquet`` reads the same documents from a Parquet ``list<uint16>`` column, ``-megatron`` from
-Megatron-LM ``.bin``/``.idx`` pairs (a sequence per document); LitData gives
+Megatron-LM ``.bin``/``.idx`` pairs (a sequence per document), ``-litdata`` from LitData's own
+``TokensLoader`` chunks (a document per item); LitData gives
 uint16 (8, 2049) windows, and the ``+ int64`` rows add what a training loop then does with them
 (``x = b[:, :-1].long(); y = b[:, 1:].long()``).
 
@@ -41,6 +42,8 @@ if kind.startswith("tidal"):
         source, column = root + "/parquet", "tokens"
     elif "megatron" in kind:
         source = root + "/megatron"
+    elif "litdata" in kind:
+        source = root + "/litdata"
     outputs = ("input_ids",) if kind.endswith("lean") else ("input_ids", "labels", "position_ids", "segment_ids")
     ds = tidal.Dataset(source).shuffle(seed=0).repeat().pack(2048, column=column, outputs=outputs).batch(8)
     loader = tidal.DataLoader(ds, num_workers=workers)
@@ -200,6 +203,8 @@ def main() -> None:
         ("tidal-parquet-lean", 0),
         ("tidal-megatron", 0),
         ("tidal-megatron-lean", 0),
+        ("tidal-litdata", 0),
+        ("tidal-litdata-lean", 0),
         ("litdata", 0),
         ("litdata+int64", 0),
         ("tidal", 2),

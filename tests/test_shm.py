@@ -200,3 +200,46 @@ def test_text_through_a_slot_and_through_the_pipe_is_the_text() -> None:
         assert [piped[j] for j in range(4)] == batches
     finally:
         shm.release(names)
+
+
+def test_batches_the_loop_keeps_are_never_written_over_by_later_bundles(tmp_path: Path) -> None:
+    # bundles are copied out of shared memory into buffers used again once nothing holds them
+    # (tidal.transport.recycle): a batch kept by the loop holds its buffer, so it never changes
+    from tidal.formats.tokens import TokenWriter
+
+    rng = np.random.default_rng(0)
+    with TokenWriter(tmp_path / "tok") as w:
+        for _ in range(3000):
+            w.write(rng.integers(0, 60_000, int(rng.integers(50, 2000))))
+    ds = tidal.Dataset(tmp_path / "tok").shuffle(seed=1).repeat().pack(1024).batch(8)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    kept, copies = [], []
+    for step, batch in enumerate(loader):
+        if step % 3 == 0:  # kept; the others are dropped at once, so their buffers come back
+            kept.append(batch)
+            copies.append({k: v.clone() for k, v in batch.items()})
+        if step == 600:
+            break
+    assert shm.taken > 0
+    for got, want in zip(kept, copies, strict=True):
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_recycled_buffer_is_handed_out_again_only_once_nothing_holds_it() -> None:
+    from tidal.transport.recycle import MIN_BYTES, Recycled
+
+    pool = Recycled(max_bytes=8 * MIN_BYTES)
+    a = pool.empty((MIN_BYTES // 8,), np.int64)
+    view = a[10:20]
+    del a
+    b = pool.empty((MIN_BYTES // 8,), np.int64)
+    assert not np.shares_memory(b, view)  # a view still holds the first buffer
+    del view
+    c = pool.empty((MIN_BYTES // 4,), np.int32)
+    assert c.shape == (MIN_BYTES // 4,) and c.dtype == np.int32
+    first = c.__array_interface__["data"][0]
+    del c
+    d = pool.empty((MIN_BYTES // 8,), np.int64)
+    assert d.__array_interface__["data"][0] == first  # free again: the same memory
+    small = pool.empty((8,), np.int64)
+    assert small.base is None  # below MIN_BYTES: malloc's

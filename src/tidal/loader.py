@@ -51,6 +51,7 @@ from tidal.state.schema import RankState
 from tidal.transport import orphans, rings, warmup
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
 from tidal.transport.pool import Ahead
+from tidal.transport.recycle import RECYCLED
 from tidal.transport.torch import TorchBundle, as_tensors, widen
 from tidal.world import World
 
@@ -425,7 +426,10 @@ class DataLoader(torch.utils.data.DataLoader):
         parts: list[Any] = []  # continuous rows over several workers: this step's part of each
         clock = time.perf_counter
         meter = self._meter
-        close = _close  # held here: a generator dropped at interpreter exit runs after module globals are gone
+        close, trim = (
+            _close,
+            RECYCLED.trim,
+        )  # held here: a generator dropped at interpreter exit runs after module globals are gone
         if meter.started is None:
             self._logged = meter.start()
         asked = clock()  # when the training loop last asked for a batch
@@ -473,6 +477,7 @@ class DataLoader(torch.utils.data.DataLoader):
             raise
         finally:
             close(source)
+            trim()  # the copies of bundles nothing holds any more: back to the system
         if not stopped:
             if together:
                 _every_rank_has(False)  # the step the others are asking about

@@ -32,6 +32,7 @@ from tidal.errors import ArgumentError
 from tidal.metrics import Mark, Marker
 from tidal.stages import Stage, walk
 from tidal.state import keys as k
+from tidal.transport.recycle import RECYCLED
 
 MAX_BUNDLE = 1024
 # In the process that trains, bundles only save a call per batch: kept small, so that the
@@ -132,7 +133,7 @@ class Bundle:
         if numeric(v0) and all(
             isinstance(v, np.ndarray) and v.shape == v0.shape and v.dtype == v0.dtype for v in values
         ):
-            return widen(np.stack(values))
+            return widen(np.stack(values, out=RECYCLED.empty((len(values), *v0.shape), v0.dtype)))
         if Strings.accepts(values):
             return Strings(values)
         return [prepare(v, widen) for v in values]

@@ -37,6 +37,7 @@ import numpy as np
 
 from tidal.errors import TidalError
 from tidal.transport.bundles import Strings, numeric
+from tidal.transport.recycle import RECYCLED
 
 SLOT_BYTES = 16 << 20  # a bundle larger than this goes through the pipe
 _HEADER = 64  # the slot's bundle number and whether it was read, then the arrays, each at a multiple of 64 bytes
@@ -236,7 +237,9 @@ def unpack_columns(columns: dict[str, Any], packed: tuple, wide: Collection[str]
         arrays, out = iter(views), dict(columns)
         for key, kind in names:
             if kind == "array":
-                out[key] = next(arrays).astype(np.int64) if key in wide else next(arrays).copy()
+                view = next(arrays)
+                out[key] = copy = RECYCLED.empty(view.shape, np.int64 if key in wide else view.dtype)
+                np.copyto(copy, view)  # token ids widened as they are copied: one pass
             else:  # the strings made straight from the slot: no copy of the text first
                 data, offsets = next(arrays), next(arrays)
                 out[key] = Strings.read(data, offsets, out[key].starts)

@@ -21,8 +21,10 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).parent / "distributed" / "run_preempted.py"
 
 
-def segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+def segments(pid: int) -> set[str]:
+    """The segments of shared memory the process ``pid`` made (tests in other processes make theirs)."""
+    mine = f"psm_tidal_{pid}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(mine)} if os.path.isdir("/dev/shm") else set()
 
 
 def ids(path: Path) -> list[list[int]]:
@@ -39,7 +41,6 @@ def test_sigterm_mid_epoch_saves_a_state_that_resumes_exactly_and_leaves_nothing
     reference = ids(full / "ids.jsonl")
     assert len(reference) == 150
 
-    before = segments()
     env = procs.child_env()
     argv = [sys.executable, str(SCRIPT), str(data), str(first)]
     if not handler:  # the default action of SIGTERM: the process ends where it is
@@ -50,6 +51,7 @@ def test_sigterm_mid_epoch_saves_a_state_that_resumes_exactly_and_leaves_nothing
         )
         argv = [sys.executable, "-c", keep, *argv[1:]]
     with procs.Tree([procs.Command("preempted", argv, env)]) as tree:
+        trainer = tree.procs[0].pid  # the segments of shared memory are named after it
         deadline = time.monotonic() + 120
         while not (first / "ids.jsonl").exists() or len(ids(first / "ids.jsonl")) < 30:
             assert time.monotonic() < deadline and tree.procs[0].poll() is None, tree.report()
@@ -62,9 +64,9 @@ def test_sigterm_mid_epoch_saves_a_state_that_resumes_exactly_and_leaves_nothing
             time.sleep(0.1)
         assert not procs._tree(tree.mark), "a DataLoader worker outlived its training process"
     deadline = time.monotonic() + 30
-    while segments() - before and time.monotonic() < deadline:
+    while segments(trainer) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not segments() - before
+    assert not segments(trainer)
     if not handler:
         return
     taken = ids(first / "ids.jsonl")

@@ -28,8 +28,10 @@ def data(tmp_path: Path) -> Path:
     return make_shards(tmp_path / "data", [40, 75, 13, 60, 52, 33, 90, 17])
 
 
-def segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+def segments(pid: int) -> set[str]:
+    """The segments of shared memory the process ``pid`` made (tests in other processes make theirs)."""
+    mine = f"psm_tidal_{pid}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(mine)} if os.path.isdir("/dev/shm") else set()
 
 
 def batches(ds: tidal.Dataset, context: str) -> list[dict]:
@@ -42,7 +44,7 @@ def test_batches_through_shared_memory_are_the_pipes_and_nothing_is_left(
     data: Path, context: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ds = tidal.Dataset(data).shuffle(seed=3, block_size=40).map(with_numbers).batch(5)
-    before, taken = segments(), shm.taken
+    taken = shm.taken
     through_memory = batches(ds, context)
     assert shm.taken > taken  # the bundles came through shared memory...
     monkeypatch.setenv("TIDAL_SHARED_MEMORY", "0")
@@ -52,7 +54,11 @@ def test_batches_through_shared_memory_are_the_pipes_and_nothing_is_left(
     assert len(through_memory) == len(through_pipe) == 76
     for a, b in zip(through_memory, through_pipe, strict=True):
         assert same(a, b) and a["text"] == b["text"] and a["vector"].dtype == b["vector"].dtype
-    assert segments() <= before  # every segment unlinked once both sides had it
+    assert not segments(os.getpid())  # every segment unlinked once both sides had it
+    made = shm.make_rings(2, 1)  # named after the process that made them, as segments() finds them
+    assert made and segments(os.getpid()) == set(made)
+    shm.release(made)
+    assert not segments(os.getpid())
 
 
 def with_numbers(record: dict) -> dict:
@@ -160,7 +166,6 @@ def test_no_segment_is_left_when_the_training_process_ends_before_reading_every_
     with a worker's bundle unread: no segment of shared memory is left, and no warning."""
     script = tmp_path / "exits.py"
     script.write_text(EXITS)
-    before = segments()
     proc = subprocess.Popen(
         [sys.executable, str(script), str(data), how],
         stdout=subprocess.PIPE,
@@ -178,9 +183,9 @@ def test_no_segment_is_left_when_the_training_process_ends_before_reading_every_
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == (0 if how == "exit" else -signal.SIGKILL), err
     deadline = time.monotonic() + 30  # killed: the workers notice their parent is gone within seconds
-    while segments() - before and time.monotonic() < deadline:
+    while segments(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not segments() - before
+    assert not segments(proc.pid)
     assert "leaked" not in err
 
 

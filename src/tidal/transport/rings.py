@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable, Collection
 from multiprocessing import shared_memory
@@ -43,6 +44,7 @@ SLOT_BYTES = 16 << 20  # a bundle larger than this goes through the pipe
 _HEADER = 64  # the slot's bundle number and whether it was read, then the arrays, each at a multiple of 64 bytes
 
 log = logging.getLogger("tidal")
+PREFIX = "psm_tidal_"  # of every segment's name, then the pid of the process that made it
 
 
 def make_rings(count: int, slots: int) -> list[str] | None:
@@ -66,8 +68,9 @@ def make_rings(count: int, slots: int) -> list[str] | None:
 def _segment(size: int) -> shared_memory.SharedMemory:
     """A segment of ``size`` bytes, registered with this process's resource tracker. Its pages
     are reserved by the worker that writes it (:class:`Ring`), in parallel, not here: that
-    took 27 ms before the workers even started."""
-    return shared_memory.SharedMemory(create=True, size=size)
+    took 27 ms before the workers even started. Named after the process that made it (as
+    ``psm_tidal_<pid>_...``), so that what a process left is told from what others hold."""
+    return shared_memory.SharedMemory(name=f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}", create=True, size=size)
 
 
 def release(names: list[str]) -> None:

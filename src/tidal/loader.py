@@ -426,10 +426,8 @@ class DataLoader(torch.utils.data.DataLoader):
         parts: list[Any] = []  # continuous rows over several workers: this step's part of each
         clock = time.perf_counter
         meter = self._meter
-        close, trim = (
-            _close,
-            RECYCLED.trim,
-        )  # held here: a generator dropped at interpreter exit runs after module globals are gone
+        # held here: a generator dropped at interpreter exit runs after module globals are gone
+        close, trim = _close, RECYCLED.trim
         if meter.started is None:
             self._logged = meter.start()
         asked = clock()  # when the training loop last asked for a batch

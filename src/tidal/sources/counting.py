@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.retry import redact, redact_urls
 from tidal.storage.urls import protocol, url_root
+
+if TYPE_CHECKING:
+    from tidal.storage.cache import Entry
 
 log = logging.getLogger("tidal")
 
@@ -440,9 +443,9 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
                 if near is None:
                     info = _scan_file(name, url, compression, str(handle.path), siblings)
                 else:
-                    with fetcher.acquire(Entry(module(name).beside(url), near["bytes"], near["version"])) as held:
+                    with fetcher.acquire(near) as held:
                         info = _scan_file(name, url, compression, str(handle.path), siblings, str(held.path))
-                    info["beside"] = near
+                    info["beside"] = {"bytes": near.size, "version": near.version}
                 entry["hash"] = handle.digest
     except StorageError:
         raise
@@ -460,10 +463,12 @@ def _footer_only(url: str, size: int, detected: tuple[str, str | None] | None = 
     return name == "parquet" and compression is None and size > 0
 
 
-def _beside(name: str, url: str, siblings: Siblings) -> dict | None:
-    """The size and version of the file a format reads beside a remote shard (``beside(path)`` of
-    its module: a Megatron ``.idx``), kept in the shard's info for its readers to fetch it by;
+def _beside(name: str, url: str, siblings: Siblings) -> Entry | None:
+    """The cache entry of the file a format reads beside a remote shard (``beside(path)`` of its
+    module: a Megatron ``.idx``), whose size and version the shard's info keeps for its readers;
     None where the format names none."""
+    from tidal.storage.cache import Entry
+
     named = getattr(module(name), "beside", None)
     if named is None:
         return None
@@ -471,7 +476,7 @@ def _beside(name: str, url: str, siblings: Siblings) -> dict | None:
     stat = siblings.stat(near)
     if stat is None:
         raise FormatError(f"{url}: no {posixpath.basename(near)} beside it")
-    return {"bytes": stat.size, "version": stat.version}
+    return Entry(near, stat.size, stat.version)
 
 
 def _scan_file(

@@ -119,9 +119,13 @@ class Prefetcher:
             self.stats.add(cache_hits=1)
         else:
             handle = self._take(index)
+        return self._hold(self._held, index, handle)
+
+    def _hold(self, held: dict[int, Handle], index: int, handle: Handle) -> str:
+        """Keep ``handle`` under ``index`` in ``held`` (releasing one kept there before); its path."""
         with self._lock:
-            old = self._held.pop(index, None)
-            self._held[index] = handle
+            old = held.pop(index, None)
+            held[index] = handle
         if old is not None:
             old.release()
         return str(handle.path)
@@ -158,12 +162,7 @@ class Prefetcher:
             reserved = sum(self._size(i) for i in self._held)
         handle = self._fetcher.acquire(near, reserved=reserved)
         assert handle is not None
-        with self._lock:
-            old = self._near.pop(index, None)
-            self._near[index] = handle
-        if old is not None:
-            old.release()
-        return str(handle.path)
+        return self._hold(self._near, index, handle)
 
     def release(self, index: int) -> None:
         """The reader of shard ``index`` is closed: the shard may be evicted again."""

@@ -40,7 +40,7 @@ class Recycled:
             base = self._free(nbytes)
             if base is None:
                 base = np.empty(nbytes, np.uint8)
-                self._make_room(nbytes)
+                self._forget_free(self._max - nbytes)  # bundles grow at first: room for this size
                 if self._bytes + nbytes <= self._max:
                     self._bases.append(base)
                     self._bytes += nbytes
@@ -49,12 +49,12 @@ class Recycled:
     def trim(self) -> None:
         """Forget the buffers nothing holds (a loader's pass ended: no more bundles soon)."""
         with self._lock:
-            self._make_room(self._max + 1)
+            self._forget_free(0)
 
-    def _make_room(self, nbytes: int) -> None:
-        """Forget free buffers, oldest first, until ``nbytes`` more fit (bundles grow at first)."""
+    def _forget_free(self, until: int) -> None:
+        """Forget free buffers, oldest first, until the pool keeps at most ``until`` bytes."""
         i = 0
-        while self._bytes + nbytes > self._max and i < len(self._bases):
+        while self._bytes > until and i < len(self._bases):
             if sys.getrefcount(self._bases[i]) == 2:  # the list, getrefcount's argument
                 self._bytes -= len(self._bases.pop(i))
             else:

@@ -40,9 +40,8 @@ class WarmupGate:
         """``batches``, their first made once this worker's turn to warm up has come."""
         turn = (worker - self.first) % self.workers
         deadline = time.monotonic() + PATIENCE_S
-        while (
-            turn >= self.ready.value + self.slots and time.monotonic() < deadline
-        ):  # (killed: tidal.transport.orphans)
+        # a worker whose training process was killed is ended by tidal.transport.orphans
+        while turn >= self.ready.value + self.slots and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         try:
             first = next(batches, None)

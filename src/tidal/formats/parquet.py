@@ -17,6 +17,7 @@ its row (only that row skipped).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -27,6 +28,7 @@ import pyarrow.parquet as pq
 from tidal.errors import FormatError, RecordError, SchemaError, StorageError
 from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 from tidal.formats.parquet_footer import column_bytes
+from tidal.formats.parquet_pages import Chunks, Retyped, skips
 from tidal.tables import keep
 
 NAME = "parquet"
@@ -81,7 +83,10 @@ def columns(info: dict) -> list[str] | None:
 class ParquetReader:
     def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors):
         self._path = path
-        self._file = _open_file(path, source(path, info))
+        where = source(path, info)
+        self._file = _open_file(path, where)
+        self._local = where if isinstance(where, str) and os.path.isfile(where) else None  # pages can be skipped
+        self._chunks: Chunks | None = None
         try:
             names = self._file.schema_arrow.names
         except data_errors() as exc:
@@ -99,7 +104,7 @@ class ParquetReader:
         # holds one row group per file of the block being read, not per open file.
         # (group, its rows that were kept or None if it was skipped, which rows were: None = all)
         self._cached: tuple[int, pa.Table | None, np.ndarray | None] = (-1, None, None)
-        self._stream: _Stream | None = None  # the row group being decoded front to back
+        self._stream: _Stream | _Columns | None = None  # the row group being decoded front to back
 
     def _group(self, g: int) -> tuple[pa.Table | None, np.ndarray | None]:
         if self._cached[0] != g:
@@ -123,18 +128,58 @@ class ParquetReader:
         time; None when the group must be read whole (damaged: see :meth:`_group`)."""
         stream = self._stream
         if stream is None or stream.group != g or stream.row > a:
-            rows = int(self._starts[g + 1] - self._starts[g])
-            stream = self._stream = _Stream(self._file, g, rows, self._columns)
+            self._drop_stream()
+            stream = self._stream = self._start(g, a)
         try:
             table = stream.take(a, z)
         except StorageError:
             raise  # the network, not the data: never skipped as a bad row group
         except data_errors():
-            self._stream = None
+            self._drop_stream()
             return None
         if stream.row >= stream.rows:
-            self._stream = None  # read to its end: in epoch order no slice comes back to it
+            self._drop_stream()  # read to its end: in epoch order no slice comes back to it
         return table
+
+    def _start(self, g: int, a: int) -> _Stream | _Columns:
+        """Row group ``g`` decoded from row ``a`` on: each column from the page ``a`` is in,
+        where its pages can be skipped (see :mod:`tidal.formats.parquet_pages`), else from the
+        group's first row."""
+        rows = int(self._starts[g + 1] - self._starts[g])
+        if not a or self._local is None:
+            return _Stream(self._file, g, rows, self._columns)
+        try:
+            if self._chunks is None:
+                self._chunks = Chunks(self._file.metadata, self._path)
+            schema = self._file.schema
+            repeated = [schema.column(i).max_repetition_level > 0 for i in range(len(schema))]
+            fd = os.open(self._local, os.O_RDONLY)
+            try:
+                starts, patches = skips(fd, self._chunks, g, rows, a, repeated, self._path)
+            finally:
+                os.close(fd)
+        except (OSError, FormatError):
+            starts, patches = {}, []
+        names = self._columns or self._file.schema_arrow.names
+        if not patches or len(set(names)) < len(names):
+            return _Stream(self._file, g, rows, self._columns)
+        retyped = pq.ParquetFile(
+            Retyped(self._local, patches),
+            metadata=self._file.metadata,
+            pre_buffer=False,
+            buffer_size=BUFFER,
+            page_checksum_verification=True,
+        )
+        by_start: dict[int, list[str]] = {}
+        for name in names:
+            by_start.setdefault(starts.get(name, 0), []).append(name)
+        streams = [_Stream(retyped if row else self._file, g, rows, cols, row) for row, cols in by_start.items()]
+        return _Columns(streams, names, self._file.schema_arrow, retyped)
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:  # no module global looked up: this also runs at interpreter exit
+            self._stream.close()
+        self._stream = None
 
     def _salvage(self, g: int, table: pa.Table | None, exc: BaseException) -> tuple[pa.Table | None, np.ndarray | None]:
         """A row group that failed: its rows without the strings that are not UTF-8, when that
@@ -191,6 +236,7 @@ class ParquetReader:
         return Piece(pa.concat_tables(parts), valid)
 
     def close(self) -> None:
+        self._drop_stream()
         self._file.close(force=True)  # also a file object it was given
 
 
@@ -201,8 +247,9 @@ class _Stream:
     where decoding whole row groups cost a burst of every file's group at once (the loop
     then waited on one DataLoader worker while the others sat idle) and held them all."""
 
-    def __init__(self, file: pq.ParquetFile, group: int, rows: int, columns: list[str] | None):
-        self.group, self.rows, self.row = group, rows, 0  # self.row: the group's row ``_left`` starts at
+    def __init__(self, file: pq.ParquetFile, group: int, rows: int, columns: list[str] | None, start: int = 0):
+        self.group, self.rows = group, rows
+        self.row = start  # the group's row ``_left`` (or the next batch) starts at: pages before ``start`` skipped
         self._batches = file.iter_batches(STREAM_ROWS, row_groups=[group], columns=columns, use_threads=False)
         self._left: pa.RecordBatch | None = None
 
@@ -228,6 +275,34 @@ class _Stream:
             raise ValueError(f"row group {self.group}: no rows {a}..{z}")
         table.validate(full=True)
         return table
+
+    def close(self) -> None:
+        """Nothing of its own: its file is the reader's."""
+
+
+class _Columns:
+    """A row group decoded from a different row for each set of its columns (those whose pages
+    before the slice were skipped, and those decoded from the group's start), put back together
+    as the table one stream of them all would give."""
+
+    def __init__(self, streams: list[_Stream], names: list[str], schema: pa.Schema, retyped: pq.ParquetFile):
+        self.group, self.rows = streams[0].group, streams[0].rows
+        self._streams, self._retyped = streams, retyped
+        self._schema = pa.schema([schema.field(n) for n in names], metadata=schema.metadata)
+
+    @property
+    def row(self) -> int:
+        return min(s.row for s in self._streams)
+
+    def take(self, a: int, z: int) -> pa.Table:
+        columns: dict[str, pa.ChunkedArray] = {}
+        for stream in self._streams:
+            table = stream.take(a, z)
+            columns.update(zip(table.column_names, table.columns, strict=True))
+        return pa.Table.from_arrays([columns[f.name] for f in self._schema], schema=self._schema)
+
+    def close(self) -> None:
+        self._retyped.close(force=True)
 
 
 def _utf8_rows(table: pa.Table) -> np.ndarray | None:

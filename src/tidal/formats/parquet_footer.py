@@ -25,18 +25,20 @@ _CHUNK_META = 3
 _META_PATH, _META_COMPRESSED = 3, 7
 
 
-class _Reader:
+class Reader:
     """Thrift's compact protocol over ``buf``: every struct as ``{field id: value}``; a
     FormatError naming ``path`` where the bytes are not that."""
 
     def __init__(self, buf: bytes, path: str):
         self.buf, self.at, self.path = buf, 0, path
+        self.short = False  # whether it ran off the end of ``buf`` (a value read in part)
 
     def damaged(self, why: str) -> FormatError:
         return FormatError(f"{self.path}: corrupt Parquet footer: {why}")
 
     def byte(self) -> int:
         if self.at >= len(self.buf):
+            self.short = True
             raise self.damaged("it ends inside a value")
         self.at += 1
         return self.buf[self.at - 1]
@@ -58,6 +60,7 @@ class _Reader:
 
     def take(self, n: int) -> bytes:
         if n < 0 or self.at + n > len(self.buf):
+            self.short = n >= 0
             raise self.damaged("it ends inside a value")
         self.at += n
         return self.buf[self.at - n : self.at]
@@ -106,13 +109,17 @@ class _Reader:
             fields[last] = self.value(kind, depth)
 
 
-def column_bytes(path: str, metadata: Any) -> dict[str, int]:
-    """Compressed bytes of each top-level column over every row group of ``metadata`` (a
-    ``pyarrow.parquet.FileMetaData``); FormatError naming ``path`` where the footer lacks them."""
+def footer(metadata: Any, path: str) -> dict[int, Any]:
+    """``metadata`` (a ``pyarrow.parquet.FileMetaData``) as Thrift fields."""
     (serialized,) = metadata.__reduce__()[1]
-    footer = _Reader(serialized.to_pybytes(), path).struct()
+    return Reader(serialized.to_pybytes(), path).struct()
+
+
+def column_bytes(path: str, metadata: Any) -> dict[str, int]:
+    """Compressed bytes of each top-level column over every row group of ``metadata``;
+    FormatError naming ``path`` where the footer lacks them."""
     sizes: dict[str, int] = {}
-    for g, group in enumerate(footer.get(_FILE_ROW_GROUPS, [])):
+    for g, group in enumerate(footer(metadata, path).get(_FILE_ROW_GROUPS, [])):
         for c, chunk in enumerate(group.get(_GROUP_COLUMNS, [])):
             meta = chunk.get(_CHUNK_META)
             names = meta.get(_META_PATH) if isinstance(meta, dict) else None

@@ -1,0 +1,139 @@
+"""A slice that starts deep in a Parquet row group is decoded from the page it starts in, not
+from the group's first row (tidal.formats.parquet_pages): the rows must be exactly those Arrow
+reads, for every way writers lay out pages, and skipping must never hide a damaged page from
+the slice that holds it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tidal
+from tidal.formats import parquet
+from tidal.formats.parquet_pages import Chunks, skips
+
+ROWS = 3000
+
+
+def _table(n: int = ROWS, text: int = 40) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "text": pa.array([None if i % 13 == 0 else f"{i}:" + "é" * (i % text) for i in range(n)]),
+            "toks": pa.array([list(range(i % 5)) for i in range(n)], pa.list_(pa.int32())),  # repeated: never skipped
+            "pair": pa.array([{"x": float(i)} for i in range(n)], pa.struct([("x", pa.float64())])),
+            "flag": pa.array([None if i % 7 == 0 else i % 2 == 0 for i in range(n)]),
+        }
+    )
+
+
+def _starts(path: Path, group: int, row: int) -> dict[str, int]:
+    pf = pq.ParquetFile(path)
+    rows = pf.metadata.row_group(group).num_rows
+    repeated = [pf.schema.column(i).max_repetition_level > 0 for i in range(len(pf.schema))]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return skips(fd, Chunks(pf.metadata, str(path)), group, rows, row, repeated, str(path))[0]
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"data_page_version": "2.0"},
+        {"use_dictionary": False, "compression": "zstd"},
+        {"compression": "none", "write_page_checksum": True},
+        {"write_statistics": False, "data_page_version": "2.0", "compression": "lz4"},
+    ],
+    ids=["v1-dictionary-snappy", "v2", "plain-zstd", "uncompressed-crc", "v2-no-statistics-lz4"],
+)
+def test_slices_deep_in_a_row_group_read_the_rows_arrow_reads(tmp_path: Path, options: dict) -> None:
+    path = tmp_path / "a.parquet"
+    pq.write_table(_table(), path, row_group_size=1000, data_page_size=512, write_batch_size=50, **options)
+    table = pq.read_table(path)
+    deep = _starts(path, 1, 900)
+    assert deep["text"] > 0 and deep["id"] > 0  # pages before the slice are skipped ...
+    assert deep["toks"] == 0  # ... but a repeated column is decoded from the group's start
+    info = parquet.scan(str(path), None)
+    for columns in (None, ["text", "id"], ["toks", "flag", "pair"]):
+        for a, z in [(0, 10), (1, 2), (417, 999), (999, 1000), (1900, 2100), (2501, 3000), (1000, 3000)]:
+            reader = parquet.open(str(path), None, info, columns, "raise")
+            got = reader.read(a, z).table
+            more = reader.read(z, min(z + 300, ROWS)).table  # the next slice continues where this one ended
+            reader.close()
+            want = table.select(columns or table.column_names)
+            assert got.equals(want.slice(a, z - a), check_metadata=True), (columns, a, z)
+            assert more.equals(want.slice(z, min(300, ROWS - z))), (columns, a, z)
+
+
+def test_page_headers_longer_than_one_read_are_read_whole(tmp_path: Path) -> None:
+    """Page statistics hold a page's min and max: with 20 KB documents a header outgrows the
+    first read of its bytes."""
+    path = tmp_path / "long.parquet"
+    table = pa.table({"id": range(60), "text": [f"{i:03d}" + "x" * 20_000 for i in range(60)]})
+    pq.write_table(table, path, row_group_size=60, data_page_size=30_000, write_batch_size=2, use_dictionary=False)
+    assert _starts(path, 0, 50)["text"] > 0
+    info = parquet.scan(str(path), None)
+    reader = parquet.open(str(path), None, info, None, "raise")
+    assert reader.read(50, 60).table.equals(table.slice(50, 10))
+    reader.close()
+
+
+def test_a_damaged_page_before_the_slice_is_skipped_and_still_reported_by_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    table = pa.table({"id": range(ROWS), "text": [f"record {i} " + "y" * (i % 30) for i in range(ROWS)]})
+    pq.write_table(table, path, row_group_size=ROWS, data_page_size=1024, write_batch_size=50, use_dictionary=False,
+                   compression="none", write_page_checksum=True)  # fmt: skip
+    column = pq.ParquetFile(path).metadata.row_group(0).column(1)
+    data = bytearray(path.read_bytes())
+    spot = column.data_page_offset + 200  # inside the first data page of "text", past its header
+    data[spot : spot + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+
+    info = parquet.scan(str(path), None)
+    reader = parquet.open(str(path), None, info, None, "raise")
+    assert reader.read(2000, 2100).table.equals(table.slice(2000, 100))  # the damaged page: not decoded
+    reader.close()
+    with pytest.raises(tidal.RecordError, match=r"a.parquet, row 0: unreadable row group 0"):
+        list(tidal.Dataset(path))
+
+
+def test_skipping_leaves_no_file_open(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    pq.write_table(_table(), path, row_group_size=1000, data_page_size=512, write_batch_size=50)
+    info = parquet.scan(str(path), None)
+    before = len(os.listdir("/proc/self/fd"))
+    for a in range(100, ROWS, 250):
+        reader = parquet.open(str(path), None, info, None, "raise")
+        reader.read(a, a + 50)
+        reader.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_shuffled_dataset_resumed_deep_in_row_groups_gives_the_rest_exactly(tmp_path: Path) -> None:
+    """Blocks that cut row groups of small pages, resumed at several points: the rest of the
+    epoch is the uninterrupted run's."""
+    for k in range(3):
+        t = _table(ROWS).select(["id", "text", "flag"])
+        t = t.set_column(0, "id", pa.array(range(k * ROWS, (k + 1) * ROWS), pa.int64()))
+        pq.write_table(t, tmp_path / f"{k}.parquet", row_group_size=1500, data_page_size=512, write_batch_size=50)
+
+    def chain() -> tidal.Dataset:
+        return tidal.Dataset(tmp_path).shuffle(seed=5, block_size=900, shards_per_block=3).batch(16, drop_last=False)
+
+    whole = [b["id"].tolist() for b in chain()]
+    assert sorted(i for b in whole for i in b) == list(range(3 * ROWS))
+    for at in (7, 170, 480):
+        ds = chain()
+        it = iter(ds)
+        for _ in range(at):
+            next(it)
+        rest = chain()
+        rest.load_state_dict(ds.state_dict())
+        assert [b["id"].tolist() for b in rest] == whole[at:]

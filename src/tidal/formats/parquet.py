@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from tidal.errors import FormatError, RecordError, SchemaError, StorageError
 from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 from tidal.formats.parquet_footer import column_bytes
-from tidal.formats.parquet_pages import Chunks, Retyped, skips
+from tidal.formats.parquet_pages import Pages, Retyped
 from tidal.tables import keep
 
 NAME = "parquet"
@@ -85,8 +85,8 @@ class ParquetReader:
         self._path = path
         where = source(path, info)
         self._file = _open_file(path, where)
-        self._local = where if isinstance(where, str) and os.path.isfile(where) else None  # pages can be skipped
-        self._chunks: Chunks | None = None
+        self._local = where if isinstance(where, str) and os.path.isfile(where) else None  # pages can be read
+        self._pages: Pages | None = None
         try:
             names = self._file.schema_arrow.names
         except data_errors() as exc:
@@ -112,6 +112,10 @@ class ParquetReader:
             table: pa.Table | None = None
             kept: np.ndarray | None = None
             try:
+                pages = self._page_headers()
+                damage = pages.damage(g, end - row) if pages is not None else None
+                if damage is not None:
+                    raise ValueError(damage)
                 table = self._file.read_row_group(g, columns=self._columns)
                 if table.num_rows != end - row:
                     raise ValueError(f"{table.num_rows} rows, the footer says {end - row}")
@@ -126,11 +130,11 @@ class ParquetReader:
     def _streamed(self, g: int, a: int, z: int) -> pa.Table | None:
         """Rows ``[a, z)`` of row group ``g``, decoded front to back a few thousand rows at a
         time; None when the group must be read whole (damaged: see :meth:`_group`)."""
-        stream = self._stream
-        if stream is None or stream.group != g or stream.row > a:
-            self._drop_stream()
-            stream = self._stream = self._start(g, a)
         try:
+            stream = self._stream
+            if stream is None or stream.group != g or stream.row > a:
+                self._drop_stream()
+                stream = self._stream = self._start(g, a)
             table = stream.take(a, z)
         except StorageError:
             raise  # the network, not the data: never skipped as a bad row group
@@ -143,28 +147,21 @@ class ParquetReader:
 
     def _start(self, g: int, a: int) -> _Stream | _Columns:
         """Row group ``g`` decoded from row ``a`` on: each column from the page ``a`` is in,
-        where its pages can be skipped (see :mod:`tidal.formats.parquet_pages`), else from the
-        group's first row."""
+        where its pages can be skipped, else from the group's first row. A group whose page
+        headers are damaged is a ValueError (see :mod:`tidal.formats.parquet_pages`)."""
         rows = int(self._starts[g + 1] - self._starts[g])
-        if not a or self._local is None:
+        pages = self._page_headers()
+        if pages is None:
             return _Stream(self._file, g, rows, self._columns)
-        try:
-            if self._chunks is None:
-                self._chunks = Chunks(self._file.metadata, self._path)
-            schema = self._file.schema
-            repeated = [schema.column(i).max_repetition_level > 0 for i in range(len(schema))]
-            fd = os.open(self._local, os.O_RDONLY)
-            try:
-                starts, patches = skips(fd, self._chunks, g, rows, a, repeated, self._path)
-            finally:
-                os.close(fd)
-        except (OSError, FormatError):
-            starts, patches = {}, []
+        damage = pages.damage(g, rows)
+        if damage is not None:
+            raise ValueError(damage)
+        starts, patches = pages.skips(g, rows, a) if a else ({}, [])
         names = self._columns or self._file.schema_arrow.names
         if not patches or len(set(names)) < len(names):
             return _Stream(self._file, g, rows, self._columns)
         retyped = pq.ParquetFile(
-            Retyped(self._local, patches),
+            Retyped(pages.local, patches),
             metadata=self._file.metadata,
             pre_buffer=False,
             buffer_size=BUFFER,
@@ -175,6 +172,17 @@ class ParquetReader:
             by_start.setdefault(starts.get(name, 0), []).append(name)
         streams = [_Stream(retyped if row else self._file, g, rows, cols, row) for row, cols in by_start.items()]
         return _Columns(streams, names, self._file.schema_arrow, retyped)
+
+    def _page_headers(self) -> Pages | None:
+        """The file's page headers, where it is a local file whose footer says where they are."""
+        if self._pages is None and self._local is not None:
+            try:
+                schema = self._file.schema
+                repeated = [schema.column(i).max_repetition_level > 0 for i in range(len(schema))]
+                self._pages = Pages(self._local, self._file.metadata, repeated, self._path)
+            except (OSError, FormatError):
+                self._local = None
+        return self._pages
 
     def _drop_stream(self) -> None:
         if self._stream is not None:  # no module global looked up: this also runs at interpreter exit

@@ -91,6 +91,8 @@ class Reader:
             if not size:
                 return {}
             types = self.byte()
+            if types >> 4 in (_LIST, _SET, _MAP, _STRUCT):
+                raise self.damaged("a map whose keys are not plain values")  # parquet.thrift has none
             return {self.value(types >> 4, depth + 1): self.value(types & 0x0F, depth + 1) for _ in range(size)}
         if kind == _STRUCT:
             return self.struct(depth + 1)

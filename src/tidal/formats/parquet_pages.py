@@ -1,17 +1,25 @@
-"""Skipping the pages of a Parquet row group that lie before a row, without decompressing them.
+"""The page headers of a local Parquet file's row group: checked before it is decoded, and used
+to skip the pages before a slice without decompressing them.
 
-pyarrow 26 decodes a row group from its first row: it has no row-range read and uses no page
-index. A slice that starts deep in a row group (a resume, or the first block of a worker whose
-share starts in the middle of a group) would decode every row before it, up to a whole group
-per file. But each data page's header says how many rows it holds, for a column that is not
-repeated, and pyarrow passes over pages of a kind it does not decode (``INDEX_PAGE``) unread.
-So the headers of the pages wholly before the slice are read here, and the file handed to
-pyarrow says ``INDEX_PAGE`` in each of them: one byte changed in what is read, never in the
-file. Each top-level column is then decoded from the page its slice starts in.
+**Checked.** pyarrow passes over a page whose type it does not decode. So one damaged byte in
+a page header (the type) drops that page's rows from its column without an error, and every
+later row of the column moves up; only the group's end shows the shortfall, after the wrong
+rows were served. The headers are read here first: a page of another type, a second
+dictionary, or data pages whose rows do not add up to the group's (a column that is not
+repeated; a repeated one where its pages count rows) make the group damaged, before any of it
+is decoded.
 
-Anything unexpected (a repeated or nested column, a header this does not parse, page rows
-that do not add up to the group's) means no skipping for that column: it is decoded from the
-group's first row, as before.
+**Skipped.** pyarrow 26 decodes a row group from its first row: it has no row-range read and
+uses no page index. A slice that starts deep in a row group (a resume, or the first block of a
+worker whose share starts in the middle of a group) would decode every row before it. But a
+data page's header says how many rows it holds (a column that is not repeated), and pyarrow
+passes over pages of a kind it does not decode (``INDEX_PAGE``) unread. So the file handed to
+pyarrow (:class:`Retyped`) says ``INDEX_PAGE`` in the header of each page wholly before the
+slice: one byte changed in what is read, never in the file. Each top-level column is then
+decoded from the page its slice starts in.
+
+A header this does not parse (pyarrow will say what is wrong with it when it reads it) means
+no skipping for its column, and no verdict on it.
 """
 
 from __future__ import annotations
@@ -19,59 +27,161 @@ from __future__ import annotations
 import io
 import os
 from bisect import bisect_left
-from typing import Any
+from typing import Any, NamedTuple
 
 from tidal.errors import FormatError
 from tidal.formats.parquet_footer import Reader, footer
 
 # parquet.thrift field ids
 _FILE_ROW_GROUPS = 4
-_GROUP_COLUMNS = 1
+_GROUP_COLUMNS, _GROUP_ROWS = 1, 3
 _CHUNK_META = 3
-_META_PATH, _META_COMPRESSED, _META_DATA_PAGE, _META_DICTIONARY_PAGE = 3, 7, 9, 11
+_META_PATH, _META_VALUES, _META_COMPRESSED, _META_DATA_PAGE, _META_DICTIONARY_PAGE = 3, 5, 7, 9, 11
 _PAGE_TYPE, _PAGE_COMPRESSED, _PAGE_V1, _PAGE_V2 = 1, 3, 5, 8
 _V1_VALUES, _V2_ROWS = 1, 3
-DATA_PAGE, INDEX_PAGE, DATA_PAGE_V2 = 0, 1, 3
+DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
 
 _TYPE_FIELD = 0x15  # field 1 (delta 1), an i32: how a header's page type begins
-_ZIGZAG = {DATA_PAGE: 0, INDEX_PAGE: 2, DATA_PAGE_V2: 6}  # the page types as one-byte zigzag varints
+_ZIGZAG = {DATA_PAGE: 0, INDEX_PAGE: 2, DATA_PAGE_V2: 6}  # page types as one-byte zigzag varints
 _HEADER_READ = 4096  # a header's first read; one with long statistics is read again, larger
 _HEADER_MAX = 16 << 20
 
 
-def pages(fd: int, begin: int, end: int, rows: int, path: str) -> list[tuple[int, int]] | None:
-    """``(offset of its header, its first row)`` of each data page of the column chunk at
-    ``[begin, end)`` of the open file ``fd``; None where the headers cannot say (they do not
-    parse, or their rows do not add up to ``rows``)."""
-    out: list[tuple[int, int]] = []
-    at, row = begin, 0
+class Page(NamedTuple):
+    at: int  # where its header starts in the file
+    kind: int
+    held: int  # rows (a v2 data page; a v1 one of a column that is not repeated), else values
+    retypable: bool  # whether its type is the header's first byte after the field's
+
+
+class Leaf(NamedTuple):
+    column: str  # the top-level column it is part of
+    repeated: bool
+    pages: list[Page] | None  # None: a header that does not parse
+
+
+class Pages:
+    """The page headers of one local Parquet file, read a row group at a time. ``path`` names
+    the file in messages; ``local`` is where its bytes are."""
+
+    def __init__(self, local: str, metadata: Any, repeated: list[bool], path: str):
+        self.local, self._path, self._repeated = local, path, repeated
+        self._groups = footer(metadata, path).get(_FILE_ROW_GROUPS, [])
+        self._last: tuple[int, list[Leaf] | None] = (-1, None)
+
+    def leaves(self, group: int) -> list[Leaf] | None:
+        """Each leaf column's pages in ``group`` (the last group asked for is kept); None where
+        the footer does not say where they are."""
+        if self._last[0] != group:
+            self._last = (group, self._read(group))
+        return self._last[1]
+
+    def _read(self, group: int) -> list[Leaf] | None:
+        chunks = self._groups[group].get(_GROUP_COLUMNS, []) if group < len(self._groups) else []
+        if len(chunks) != len(self._repeated):
+            return None
+        rows = self._groups[group].get(_GROUP_ROWS)
+        out = []
+        try:
+            f = open(self.local, "rb", buffering=0)  # noqa: SIM115
+        except OSError:
+            return None  # no verdict: reading the group will say what is wrong
+        with f:
+            for chunk, repeated in zip(chunks, self._repeated, strict=True):
+                meta = chunk.get(_CHUNK_META) if isinstance(chunk, dict) else None
+                if not isinstance(meta, dict):
+                    return None
+                names, size = meta.get(_META_PATH), meta.get(_META_COMPRESSED)
+                data, dictionary = meta.get(_META_DATA_PAGE), meta.get(_META_DICTIONARY_PAGE)
+                values = meta.get(_META_VALUES)
+                if not names or not isinstance(names[0], bytes) or not isinstance(size, int):
+                    return None
+                if not isinstance(data, int) or not isinstance(values, int) or not isinstance(rows, int):
+                    return None
+                begin = dictionary if isinstance(dictionary, int) and 0 < dictionary < data else data
+                column = names[0].decode("utf-8", "replace")
+                most = max(rows, values) + 64  # pages: one holds at least a row or a value, but for a few
+                out.append(Leaf(column, repeated, _pages(f.fileno(), begin, begin + size, most, self._path)))
+        return out
+
+    def damage(self, group: int, rows: int) -> str | None:
+        """What is wrong with ``group``'s page headers (of ``rows`` rows), or None."""
+        for leaf in self.leaves(group) or []:
+            if leaf.pages is None:
+                continue
+            kinds = [p.kind for p in leaf.pages]
+            where = f"row group {group}, column {leaf.column!r}"
+            for page in leaf.pages:
+                if page.kind not in (DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2):
+                    return f"{where}: a page of unknown type {page.kind} at byte {page.at}"
+            if DICTIONARY_PAGE in kinds[1:]:
+                return f"{where}: a dictionary page after its first page"
+            counted = not leaf.repeated or all(k == DATA_PAGE_V2 for k in kinds if k != DICTIONARY_PAGE)
+            held = sum(p.held for p in leaf.pages if p.kind != DICTIONARY_PAGE)
+            if counted and held != rows:
+                return f"{where}: its pages hold {held} rows, the row group {rows}"
+        return None
+
+    def skips(self, group: int, rows: int, row: int) -> tuple[dict[str, int], list[int]]:
+        """For a slice of ``group`` starting at ``row``: the row each top-level column can be
+        decoded from (the first row of the page ``row`` is in; 0 where it cannot skip), and the
+        headers whose page type :class:`Retyped` changes."""
+        leaves = self.leaves(group) or []
+        if self.damage(group, rows) is not None:
+            return {}, []
+        per_column: dict[str, int] = {}
+        for leaf in leaves:
+            per_column[leaf.column] = per_column.get(leaf.column, 0) + 1
+        starts: dict[str, int] = {}
+        patches: list[int] = []
+        for leaf in leaves:
+            data = [p for p in leaf.pages or [] if p.kind != DICTIONARY_PAGE]
+            firsts = [0]
+            for page in data:
+                firsts.append(firsts[-1] + page.held)
+            k = bisect_left(firsts, row + 1) - 1  # the page ``row`` is in
+            skippable = leaf.pages is not None and not leaf.repeated and per_column[leaf.column] == 1
+            if not skippable or k <= 0 or not all(p.retypable for p in data[:k]):
+                starts[leaf.column] = 0
+                continue
+            starts[leaf.column] = firsts[k]
+            patches += [p.at for p in data[:k]]
+        return starts, patches
+
+
+def _pages(fd: int, begin: int, end: int, most: int, path: str) -> list[Page] | None:
+    """The pages of the column chunk at ``[begin, end)``; None where a header does not parse,
+    the pages do not end where the chunk does, or there are more than ``most``."""
+    out: list[Page] = []
+    at = begin
     while at < end:
+        if len(out) >= most:
+            return None
         header = _header(fd, at, path)
         if header is None:
             return None
-        fields, length = header
+        fields, length, head = header
         kind, size = fields.get(_PAGE_TYPE), fields.get(_PAGE_COMPRESSED)
-        if not isinstance(size, int) or size < 0:
+        if not isinstance(kind, int) or not isinstance(size, int) or size < 0:
             return None
-        if kind in (DATA_PAGE, DATA_PAGE_V2):
-            inner = fields.get(_PAGE_V1 if kind == DATA_PAGE else _PAGE_V2)
-            n = inner.get(_V1_VALUES if kind == DATA_PAGE else _V2_ROWS) if isinstance(inner, dict) else None
-            if not isinstance(n, int) or n < 0:
-                return None
-            out.append((at, row))
-            row += n
+        inner = fields.get(_PAGE_V2 if kind == DATA_PAGE_V2 else _PAGE_V1)
+        count = inner.get(_V2_ROWS if kind == DATA_PAGE_V2 else _V1_VALUES) if isinstance(inner, dict) else 0
+        if not isinstance(count, int) or count < 0:
+            return None
+        retypable = head[0] == _TYPE_FIELD and head[1] in (_ZIGZAG[DATA_PAGE], _ZIGZAG[DATA_PAGE_V2])
+        out.append(Page(at, kind, count, retypable))
         at += length + size
-    return out if at == end and row == rows else None
+    return out if at == end else None
 
 
-def _header(fd: int, at: int, path: str) -> tuple[dict[int, Any], int] | None:
-    """The page header at ``at``: its fields and its length in bytes."""
+def _header(fd: int, at: int, path: str) -> tuple[dict[int, Any], int, bytes] | None:
+    """The page header at ``at``: its fields, its length in bytes, and its first two bytes."""
     want = _HEADER_READ
     while want <= _HEADER_MAX:
         buf = os.pread(fd, want, at)
         reader = Reader(buf, path)
         try:
-            return reader.struct(), reader.at
+            return reader.struct(), reader.at, buf[:2]
         except FormatError:
             if not reader.short or len(buf) < want:
                 return None  # damaged, or the file ends inside it
@@ -79,65 +189,8 @@ def _header(fd: int, at: int, path: str) -> tuple[dict[int, Any], int] | None:
     return None
 
 
-class Chunks:
-    """The leaf columns of one row group as the footer has them: where each one's pages are."""
-
-    def __init__(self, metadata: Any, path: str):
-        self._groups = footer(metadata, path).get(_FILE_ROW_GROUPS, [])
-
-    def leaves(self, group: int) -> list[tuple[str, int, int]] | None:
-        """``(top-level column, first byte, end)`` of each column chunk of ``group``."""
-        if group >= len(self._groups):
-            return None
-        out = []
-        for chunk in self._groups[group].get(_GROUP_COLUMNS, []):
-            meta = chunk.get(_CHUNK_META) if isinstance(chunk, dict) else None
-            if not isinstance(meta, dict):
-                return None
-            names, size = meta.get(_META_PATH), meta.get(_META_COMPRESSED)
-            data, dictionary = meta.get(_META_DATA_PAGE), meta.get(_META_DICTIONARY_PAGE)
-            if not names or not isinstance(names[0], bytes) or not isinstance(size, int) or not isinstance(data, int):
-                return None
-            begin = dictionary if isinstance(dictionary, int) and 0 < dictionary < data else data
-            out.append((names[0].decode("utf-8", "replace"), begin, begin + size))
-        return out
-
-
-def skips(
-    fd: int, chunks: Chunks, group: int, rows: int, row: int, repeated: list[bool], path: str
-) -> tuple[dict[str, int], list[int]]:
-    """For a slice of ``group`` (of ``rows`` rows) starting at ``row``: the row each top-level
-    column can be decoded from (the first row of the page ``row`` is in; 0 where it cannot
-    skip), and the header offsets whose page type to change. ``repeated``: whether each leaf
-    column (in the footer's order) is repeated."""
-    leaves = chunks.leaves(group) or []
-    if len(leaves) != len(repeated):
-        return {}, []
-    counts: dict[str, int] = {}
-    for name, _, _ in leaves:
-        counts[name] = counts.get(name, 0) + 1
-    starts: dict[str, int] = {}
-    patches: list[int] = []
-    for (name, begin, end), many in zip(leaves, repeated, strict=True):
-        found = pages(fd, begin, end, rows, path) if counts[name] == 1 and not many else None
-        firsts = [first for _, first in found or []]
-        k = bisect_left(firsts, row + 1) - 1  # the page ``row`` is in
-        offsets = [at for at, _ in (found or [])[: max(k, 0)]]
-        if k <= 0 or not all(_retypable(fd, at) for at in offsets):
-            starts[name] = 0
-            continue
-        starts[name] = firsts[k]
-        patches += offsets
-    return starts, patches
-
-
-def _retypable(fd: int, at: int) -> bool:
-    head = os.pread(fd, 2, at)
-    return len(head) == 2 and head[0] == _TYPE_FIELD and head[1] in (_ZIGZAG[DATA_PAGE], _ZIGZAG[DATA_PAGE_V2])
-
-
 class Retyped(io.RawIOBase):
-    """A local file read as it is, except that each header at ``patches`` says ``INDEX_PAGE``."""
+    """A local file read as it is, except that each page header at ``patches`` says ``INDEX_PAGE``."""
 
     def __init__(self, path: str, patches: list[int]):
         self._fd = os.open(path, os.O_RDONLY)
@@ -173,8 +226,9 @@ class Retyped(io.RawIOBase):
         return data
 
     def readinto(self, buffer: Any) -> int:
-        data = self.read(len(memoryview(buffer).cast("B")))
-        memoryview(buffer).cast("B")[: len(data)] = data
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
         return len(data)
 
     def close(self) -> None:

@@ -53,14 +53,14 @@ def _starts(path: Path, group: int, row: int) -> dict[str, int]:
 )
 def test_slices_deep_in_a_row_group_read_the_rows_arrow_reads(tmp_path: Path, options: dict) -> None:
     path = tmp_path / "a.parquet"
-    pq.write_table(_table(), path, row_group_size=1000, data_page_size=512, write_batch_size=50, **options)
+    pq.write_table(_table(), path, row_group_size=1500, data_page_size=512, write_batch_size=50, **options)
     table = pq.read_table(path)
-    deep = _starts(path, 1, 900)
+    deep = _starts(path, 1, 1400)
     assert deep["text"] > 0 and deep["id"] > 0  # pages before the slice are skipped ...
     assert deep["toks"] == 0  # ... but a repeated column is decoded from the group's start
     info = parquet.scan(str(path), None)
     for columns in (None, ["text", "id"], ["toks", "flag", "pair"]):
-        for a, z in [(0, 10), (1, 2), (417, 999), (999, 1000), (1900, 2100), (2501, 3000), (1000, 3000)]:
+        for a, z in [(0, 10), (1, 2), (417, 1499), (1499, 1500), (1900, 2100), (2901, 3000), (1500, 3000)]:
             reader = parquet.open(str(path), None, info, columns, "raise")
             got = reader.read(a, z).table
             more = reader.read(z, min(z + 300, ROWS)).table  # the next slice continues where this one ended
@@ -104,7 +104,7 @@ def test_a_damaged_page_before_the_slice_is_skipped_and_still_reported_by_its_ow
 
 def test_skipping_leaves_no_file_open(tmp_path: Path) -> None:
     path = tmp_path / "a.parquet"
-    pq.write_table(_table(), path, row_group_size=1000, data_page_size=512, write_batch_size=50)
+    pq.write_table(_table(), path, row_group_size=1500, data_page_size=512, write_batch_size=50)
     info = parquet.scan(str(path), None)
     before = len(os.listdir("/proc/self/fd"))
     for a in range(100, ROWS, 250):
@@ -137,15 +137,19 @@ def test_a_shuffled_dataset_resumed_deep_in_row_groups_gives_the_rest_exactly(tm
         assert [b["id"].tolist() for b in rest] == whole[at:]
 
 
+@pytest.mark.parametrize("rows", [600, 2500])  # a group of one batch, checked as decoded; one of more, by its headers
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_damaged_pages_and_headers_give_the_rows_or_a_named_error(tmp_path: Path, data: st.DataObject) -> None:
+def test_damaged_pages_and_headers_give_the_rows_or_a_named_error(
+    tmp_path: Path, rows: int, data: st.DataObject
+) -> None:
     """Bytes flipped anywhere in a column chunk of small pages (headers included), then a slice
-    read from deep in the group: the original rows, the rows pyarrow reads of the damaged file,
-    or a RecordError naming the file; never other rows, never another exception."""
+    read: the original rows, the rows pyarrow reads of the damaged file, or a RecordError naming
+    the file; never other rows (a page passed over shifts every later row), never another
+    exception."""
     path = tmp_path / "a.parquet"
-    table = pa.table({"id": range(600), "text": [f"r{i}-" + "z" * (i % 40) for i in range(600)]})
-    pq.write_table(table, path, row_group_size=600, data_page_size=256, write_batch_size=20, write_page_checksum=True)
+    table = pa.table({"id": range(rows), "text": [f"r{i}-" + "z" * (i % 40) for i in range(rows)]})
+    pq.write_table(table, path, row_group_size=rows, data_page_size=256, write_batch_size=20, write_page_checksum=True)
     column = pq.ParquetFile(path).metadata.row_group(0).column(1)
     begin = column.dictionary_page_offset or column.data_page_offset
     raw = bytearray(path.read_bytes())
@@ -153,10 +157,11 @@ def test_damaged_pages_and_headers_give_the_rows_or_a_named_error(tmp_path: Path
         spot = data.draw(st.integers(begin, begin + column.total_compressed_size - 1))
         raw[spot] ^= data.draw(st.integers(1, 255))
     path.write_bytes(bytes(raw))
-    a = data.draw(st.integers(0, 590))
-    z = data.draw(st.integers(a + 1, 600))
+    a = data.draw(st.integers(0, rows - 10))
+    z = data.draw(st.integers(a + 1, rows))
+    columns = data.draw(st.sampled_from([None, ["text"]]))
     info = parquet.scan(str(path), None)
-    reader = parquet.open(str(path), None, info, None, "raise")
+    reader = parquet.open(str(path), None, info, columns, "raise")
     try:
         got = reader.read(a, z).table
     except tidal.RecordError as exc:
@@ -164,7 +169,29 @@ def test_damaged_pages_and_headers_give_the_rows_or_a_named_error(tmp_path: Path
         return
     finally:
         reader.close()
-    if got.equals(table.slice(a, z - a)):
+    want = table.select(columns or table.column_names)
+    if got.equals(want.slice(a, z - a)):
         return
-    damaged = pq.read_table(path)  # what the file now holds, where pyarrow can read it whole
+    damaged = pq.read_table(path, columns=columns)  # what the file now holds, where pyarrow can read it whole
     assert got.equals(damaged.slice(a, z - a))
+
+
+@pytest.mark.parametrize("rows", [600, 2500])
+@pytest.mark.parametrize("kind", [1, 7])  # INDEX_PAGE, and a type no writer uses: pyarrow passes over both
+def test_a_page_whose_type_byte_is_damaged_is_an_error_not_shifted_rows(tmp_path: Path, rows: int, kind: int) -> None:
+    path = tmp_path / "a.parquet"
+    table = pa.table({"id": range(rows), "text": [f"r{i}-" + "z" * (i % 40) for i in range(rows)]})
+    pq.write_table(table, path, row_group_size=rows, data_page_size=256, write_batch_size=20)
+    pf = pq.ParquetFile(path)
+    pages = Pages(str(path), pf.metadata, [False, False], str(path)).leaves(0)[1].pages
+    middle = next(p for p in pages if p.kind == 0 and p.at > pages[len(pages) // 2].at)
+    raw = bytearray(path.read_bytes())
+    assert raw[middle.at] == 0x15 and raw[middle.at + 1] == 0
+    raw[middle.at + 1] = kind * 2  # the type, as a zigzag varint
+    path.write_bytes(bytes(raw))
+    info = parquet.scan(str(path), None)
+    for columns in (None, ["text"]):
+        reader = parquet.open(str(path), None, info, columns, "raise")
+        with pytest.raises(tidal.RecordError, match=r"a.parquet, row 0: unreadable row group 0"):
+            reader.read(rows // 2 + 60, rows // 2 + 160)  # past the page, before the group's last batch
+        reader.close()

@@ -111,11 +111,7 @@ class ParquetReader:
             row, end = int(self._starts[g]), int(self._starts[g + 1])
             table: pa.Table | None = None
             kept: np.ndarray | None = None
-            try:
-                pages = self._page_headers()
-                damage = pages.damage(g, end - row) if pages is not None else None
-                if damage is not None:
-                    raise ValueError(damage)
+            try:  # a page pyarrow passed over leaves a column short of the footer's rows: an error here
                 table = self._file.read_row_group(g, columns=self._columns)
                 if table.num_rows != end - row:
                     raise ValueError(f"{table.num_rows} rows, the footer says {end - row}")
@@ -150,7 +146,9 @@ class ParquetReader:
         where its pages can be skipped, else from the group's first row. A group whose page
         headers are damaged is a ValueError (see :mod:`tidal.formats.parquet_pages`)."""
         rows = int(self._starts[g + 1] - self._starts[g])
-        pages = self._page_headers()
+        # A group of one batch is checked whole as it is decoded (see _Stream.take); a longer one
+        # by its page headers, before any row is served.
+        pages = self._page_headers() if rows > STREAM_ROWS else None
         if pages is None:
             return _Stream(self._file, g, rows, self._columns)
         damage = pages.damage(g, rows)
@@ -260,15 +258,14 @@ class _Stream:
         self.row = start  # the group's row ``_left`` (or the next batch) starts at: pages before ``start`` skipped
         self._batches = file.iter_batches(STREAM_ROWS, row_groups=[group], columns=columns, use_threads=False)
         self._left: pa.RecordBatch | None = None
+        self._decoded = start  # the group's rows the batches so far end at
 
     def take(self, a: int, z: int) -> pa.Table:
         """Rows ``[a, z)`` of the group (``a`` at or past the rows already taken), validated."""
         parts: list[pa.RecordBatch] = []
         while self.row < z:
-            batch = self._left if self._left is not None else next(self._batches, None)
+            batch = self._left if self._left is not None else self._next()
             self._left = None
-            if batch is None:
-                raise ValueError(f"row group {self.group} ended after {self.row} rows, the footer says {self.rows}")
             end = self.row + batch.num_rows
             lo, hi = max(a, self.row), min(z, end)
             if lo < hi:
@@ -283,6 +280,20 @@ class _Stream:
             raise ValueError(f"row group {self.group}: no rows {a}..{z}")
         table.validate(full=True)
         return table
+
+    def _next(self) -> pa.RecordBatch:
+        """The next batch: ``STREAM_ROWS`` rows, or the group's last ones. One short of that
+        before the group's end, or past it, means a page was passed over or made up."""
+        batch = next(self._batches, None)
+        if batch is None:
+            raise ValueError(f"row group {self.group} ended after {self._decoded} rows, the footer says {self.rows}")
+        self._decoded += batch.num_rows
+        if self._decoded > self.rows or (batch.num_rows < STREAM_ROWS and self._decoded < self.rows):
+            raise ValueError(
+                f"row group {self.group}: a batch of {batch.num_rows} rows ends at row {self._decoded}, "
+                f"the footer says {self.rows}"
+            )
+        return batch
 
     def close(self) -> None:
         """Nothing of its own: its file is the reader's."""

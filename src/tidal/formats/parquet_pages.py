@@ -4,10 +4,10 @@ to skip the pages before a slice without decompressing them.
 **Checked.** pyarrow passes over a page whose type it does not decode. So one damaged byte in
 a page header (the type) drops that page's rows from its column without an error, and every
 later row of the column moves up; only the group's end shows the shortfall, after the wrong
-rows were served. The headers are read here first: a page of another type, a second
-dictionary, or data pages whose rows do not add up to the group's (a column that is not
-repeated; a repeated one where its pages count rows) make the group damaged, before any of it
-is decoded.
+rows were served. For a group decoded in several batches the headers are read here first: a
+page of another type, a second dictionary, or data pages whose rows do not add up to the
+group's (a column that is not repeated; a repeated one where its pages count rows) make the
+group damaged, before any of it is decoded. (A group of one batch is counted as it is decoded.)
 
 **Skipped.** pyarrow 26 decodes a row group from its first row: it has no row-range read and
 uses no page index. A slice that starts deep in a row group (a resume, or the first block of a

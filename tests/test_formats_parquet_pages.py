@@ -195,3 +195,20 @@ def test_a_page_whose_type_byte_is_damaged_is_an_error_not_shifted_rows(tmp_path
         with pytest.raises(tidal.RecordError, match=r"a.parquet, row 0: unreadable row group 0"):
             reader.read(rows // 2 + 60, rows // 2 + 160)  # past the page, before the group's last batch
         reader.close()
+
+
+def test_the_pages_of_a_late_row_group_of_many_are_found(tmp_path: Path) -> None:
+    """The footer is read only as far as the row group asked for: the 28th of 30 (with key-value
+    metadata, statistics and a schema before them) is found, checked and skipped into."""
+    path = tmp_path / "many.parquet"
+    n = 30 * 1030
+    table = pa.table({"id": range(n), "text": [f"{i}" * (i % 9) for i in range(n)]}).replace_schema_metadata(
+        {"k": "v" * 500}
+    )
+    pq.write_table(table, path, row_group_size=1030, data_page_size=256, write_batch_size=20)
+    assert _starts(path, 27, 900)["text"] > 0
+    info = parquet.scan(str(path), None)
+    reader = parquet.open(str(path), None, info, None, "raise")
+    a = 27 * 1030 + 900
+    assert reader.read(a, a + 300).table.equals(pq.read_table(path).slice(a, 300))
+    reader.close()

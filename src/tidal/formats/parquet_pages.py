@@ -30,9 +30,23 @@ from bisect import bisect_left
 from typing import Any, NamedTuple
 
 from tidal.errors import FormatError
-from tidal.formats.parquet_footer import Reader, footer
+from tidal.formats.parquet_footer import Reader
 
-# parquet.thrift field ids
+# parquet.thrift field ids, and compact protocol types
+_STOP, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = (
+    0,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+)
 _FILE_ROW_GROUPS = 4
 _GROUP_COLUMNS, _GROUP_ROWS = 1, 3
 _CHUNK_META = 3
@@ -66,7 +80,7 @@ class Pages:
 
     def __init__(self, local: str, metadata: Any, repeated: list[bool], path: str):
         self.local, self._path, self._repeated = local, path, repeated
-        self._groups = footer(metadata, path).get(_FILE_ROW_GROUPS, [])
+        self._groups = _Groups(metadata)
         self._last: tuple[int, list[Leaf] | None] = (-1, None)
 
     def leaves(self, group: int) -> list[Leaf] | None:
@@ -77,26 +91,21 @@ class Pages:
         return self._last[1]
 
     def _read(self, group: int) -> list[Leaf] | None:
-        chunks = self._groups[group].get(_GROUP_COLUMNS, []) if group < len(self._groups) else []
-        if len(chunks) != len(self._repeated):
+        found = self._groups.get(group)
+        if found is None or len(found[1]) != len(self._repeated):
             return None
-        rows = self._groups[group].get(_GROUP_ROWS)
+        rows, chunks = found
         out = []
         try:
             f = open(self.local, "rb", buffering=0)  # noqa: SIM115
         except OSError:
             return None  # no verdict: reading the group will say what is wrong
         with f:
-            for chunk, repeated in zip(chunks, self._repeated, strict=True):
-                meta = chunk.get(_CHUNK_META) if isinstance(chunk, dict) else None
-                if not isinstance(meta, dict):
-                    return None
+            for meta, repeated in zip(chunks, self._repeated, strict=True):
                 names, size = meta.get(_META_PATH), meta.get(_META_COMPRESSED)
                 data, dictionary = meta.get(_META_DATA_PAGE), meta.get(_META_DICTIONARY_PAGE)
                 values = meta.get(_META_VALUES)
-                if not names or not isinstance(names[0], bytes) or not isinstance(size, int):
-                    return None
-                if not isinstance(data, int) or not isinstance(values, int) or not isinstance(rows, int):
+                if not names or not isinstance(size, int) or not isinstance(data, int) or not isinstance(values, int):
                     return None
                 begin = dictionary if isinstance(dictionary, int) and 0 < dictionary < data else data
                 column = names[0].decode("utf-8", "replace")
@@ -147,6 +156,186 @@ class Pages:
             starts[leaf.column] = firsts[k]
             patches += [p.at for p in data[:k]]
         return starts, patches
+
+
+class _Groups:
+    """The row groups of a footer, read from its Thrift as far as asked for, each group's column
+    chunks only where their pages are. A footer of hundreds of groups is 100s of KB; read from the
+    middle (a resume), half of it is passed over, at about 0.1 µs a byte. The bytes are pyarrow's
+    own serialization of the footer it parsed: well formed, or not read at all."""
+
+    def __init__(self, metadata: Any):
+        (serialized,) = metadata.__reduce__()[1]
+        self._buf = serialized.to_pybytes()
+        self._read: list[tuple[int, list[dict[int, Any]]]] = []  # (rows, each chunk's fields)
+        self._at, self._left = self._find_groups()
+
+    def _find_groups(self) -> tuple[int, int]:
+        """Where the footer's first row group starts, and how many there are."""
+        buf, at, last = self._buf, 0, 0
+        while True:
+            head = buf[at]
+            at += 1
+            kind = head & 0x0F
+            if kind == _STOP:
+                return at, 0
+            if head >> 4:
+                last += head >> 4
+            else:
+                field, at = _varint(buf, at)
+                last = (field >> 1) ^ -(field & 1)
+            if last == _FILE_ROW_GROUPS and kind == _LIST:
+                head = buf[at]
+                size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
+                return at, size if head & 0x0F == _STRUCT else 0
+            at = _skip(buf, at, kind, 0)
+
+    def get(self, group: int) -> tuple[int, list[dict[int, Any]]] | None:
+        """``group``'s rows and each column chunk's ``ColumnMetaData`` fields this reads."""
+        try:
+            while len(self._read) <= group and self._left:
+                self._at = self._group(self._at)
+                self._left -= 1
+        except (IndexError, RecursionError, ValueError):
+            self._left = 0  # not what pyarrow writes: no verdict on the groups after
+        return self._read[group] if group < len(self._read) else None
+
+    def _group(self, at: int) -> int:
+        """Read the ``RowGroup`` at ``at``; where it ends."""
+        buf, last, rows = self._buf, 0, -1
+        chunks: list[dict[int, Any]] = []
+        while True:
+            head = buf[at]
+            at += 1
+            kind = head & 0x0F
+            if kind == _STOP:
+                self._read.append((rows, chunks))
+                return at
+            if head >> 4:
+                last += head >> 4
+            else:
+                field, at = _varint(buf, at)
+                last = (field >> 1) ^ -(field & 1)
+            if last == _GROUP_ROWS and kind in (_I32, _I64):
+                rows, at = _zigzag(buf, at)
+            elif last == _GROUP_COLUMNS and kind == _LIST:
+                head = buf[at]
+                size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
+                for _ in range(size):
+                    fields, at = _chunk(buf, at)
+                    chunks.append(fields)
+            else:
+                at = _skip(buf, at, kind, 0)
+
+
+def _chunk(buf: bytes, at: int) -> tuple[dict[int, Any], int]:
+    """The ``ColumnChunk`` at ``at``: the fields of its ``ColumnMetaData`` this reads, and its end."""
+    fields: dict[int, Any] = {}
+    last = 0
+    while True:
+        head = buf[at]
+        at += 1
+        kind = head & 0x0F
+        if kind == _STOP:
+            return fields, at
+        if head >> 4:
+            last += head >> 4
+        else:
+            field, at = _varint(buf, at)
+            last = (field >> 1) ^ -(field & 1)
+        if last != _CHUNK_META or kind != _STRUCT:
+            at = _skip(buf, at, kind, 0)
+            continue
+        inner = 0
+        while True:
+            head = buf[at]
+            at += 1
+            kind = head & 0x0F
+            if kind == _STOP:
+                break
+            if head >> 4:
+                inner += head >> 4
+            else:
+                field, at = _varint(buf, at)
+                inner = (field >> 1) ^ -(field & 1)
+            if inner == _META_PATH and kind == _LIST:
+                head = buf[at]
+                size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
+                path = []
+                for _ in range(size):
+                    n, at = _varint(buf, at)
+                    path.append(buf[at : at + n])
+                    at += n
+                fields[inner] = path
+            elif inner in (_META_VALUES, _META_COMPRESSED, _META_DATA_PAGE, _META_DICTIONARY_PAGE) and kind in (
+                _I32,
+                _I64,
+            ):
+                fields[inner], at = _zigzag(buf, at)
+            else:
+                at = _skip(buf, at, kind, 0)
+
+
+def _varint(buf: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, at
+        shift += 7
+
+
+def _zigzag(buf: bytes, at: int) -> tuple[int, int]:
+    n, at = _varint(buf, at)
+    return (n >> 1) ^ -(n & 1), at
+
+
+def _skip(buf: bytes, at: int, kind: int, depth: int) -> int:
+    """Pass over one Thrift value of ``kind`` at ``at``; where it ends."""
+    if depth > 64:
+        raise ValueError("values nested too deep")
+    if kind <= _FALSE:
+        return at
+    if kind == _BYTE:
+        return at + 1
+    if kind <= _I64:
+        while buf[at] & 0x80:
+            at += 1
+        return at + 1
+    if kind == _DOUBLE:
+        return at + 8
+    if kind == _BINARY:
+        n, at = _varint(buf, at)
+        return at + n
+    if kind in (_LIST, _SET):
+        head = buf[at]
+        size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
+        item = head & 0x0F
+        if item <= _BYTE:  # bools (a byte each in a list) and bytes
+            return at + size
+        for _ in range(size):
+            at = _skip(buf, at, item, depth + 1)
+        return at
+    if kind == _MAP:
+        size, at = _varint(buf, at)
+        if size:
+            types = buf[at]
+            at += 1
+            for _ in range(size):
+                at = _skip(buf, _skip(buf, at, types >> 4, depth + 1), types & 0x0F, depth + 1)
+        return at
+    if kind == _STRUCT:
+        while True:
+            head = buf[at]
+            at += 1
+            if head & 0x0F == _STOP:
+                return at
+            if not head >> 4:
+                at = _skip(buf, at, _I16, depth)
+            at = _skip(buf, at, head & 0x0F, depth + 1)
+    raise ValueError(f"unknown Thrift type {kind}")
 
 
 def _pages(fd: int, begin: int, end: int, most: int, path: str) -> list[Page] | None:

@@ -37,7 +37,11 @@ def _starts(path: Path, group: int, row: int) -> dict[str, int]:
     pf = pq.ParquetFile(path)
     rows = pf.metadata.row_group(group).num_rows
     repeated = [pf.schema.column(i).max_repetition_level > 0 for i in range(len(pf.schema))]
-    return Pages(str(path), pf.metadata, repeated, str(path)).skips(group, rows, row)[0]
+    pages = Pages(str(path), pf.metadata, repeated, str(path))
+    try:
+        return pages.skips(group, rows, row)[0]
+    finally:
+        pages.close()
 
 
 @pytest.mark.parametrize(
@@ -183,7 +187,9 @@ def test_a_page_whose_type_byte_is_damaged_is_an_error_not_shifted_rows(tmp_path
     table = pa.table({"id": range(rows), "text": [f"r{i}-" + "z" * (i % 40) for i in range(rows)]})
     pq.write_table(table, path, row_group_size=rows, data_page_size=256, write_batch_size=20)
     pf = pq.ParquetFile(path)
-    pages = Pages(str(path), pf.metadata, [False, False], str(path)).leaves(0)[1].pages
+    headers = Pages(str(path), pf.metadata, [False, False], str(path))
+    pages = headers.leaves(0)[1].pages
+    headers.close()
     middle = next(p for p in pages if p.kind == 0 and p.at > pages[len(pages) // 2].at)
     raw = bytearray(path.read_bytes())
     assert raw[middle.at] == 0x15 and raw[middle.at + 1] == 0

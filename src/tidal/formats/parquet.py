@@ -159,7 +159,7 @@ class ParquetReader:
         if not patches or len(set(names)) < len(names):
             return _Stream(self._file, g, rows, self._columns)
         retyped = pq.ParquetFile(
-            Retyped(pages.local, patches),
+            Retyped(pages.fd, patches),
             metadata=self._file.metadata,
             pre_buffer=False,
             buffer_size=BUFFER,
@@ -178,7 +178,7 @@ class ParquetReader:
                 schema = self._file.schema
                 repeated = [schema.column(i).max_repetition_level > 0 for i in range(len(schema))]
                 self._pages = Pages(self._local, self._file.metadata, repeated, self._path)
-            except (OSError, FormatError):
+            except OSError:
                 self._local = None
         return self._pages
 
@@ -243,6 +243,8 @@ class ParquetReader:
 
     def close(self) -> None:
         self._drop_stream()
+        if self._pages is not None:
+            self._pages.close()
         self._file.close(force=True)  # also a file object it was given
 
 

@@ -76,10 +76,13 @@ class Leaf(NamedTuple):
 
 class Pages:
     """The page headers of one local Parquet file, read a row group at a time. ``path`` names
-    the file in messages; ``local`` is where its bytes are."""
+    the file in messages; ``local`` is where its bytes are, opened once (what :class:`Retyped`
+    reads too: the file the footer was read from, even if the path is replaced)."""
 
     def __init__(self, local: str, metadata: Any, repeated: list[bool], path: str):
-        self.local, self._path, self._repeated = local, path, repeated
+        self._path, self._repeated = path, repeated
+        self.fd = os.open(local, os.O_RDONLY)
+        self._close = os.close  # held: a reader may be closed at interpreter exit, its modules gone
         self._groups = _Groups(metadata)
         self._last: tuple[int, list[Leaf] | None] = (-1, None)
 
@@ -96,22 +99,26 @@ class Pages:
             return None
         rows, chunks = found
         out = []
-        try:
-            f = open(self.local, "rb", buffering=0)  # noqa: SIM115
-        except OSError:
-            return None  # no verdict: reading the group will say what is wrong
-        with f:
-            for meta, repeated in zip(chunks, self._repeated, strict=True):
-                names, size = meta.get(_META_PATH), meta.get(_META_COMPRESSED)
-                data, dictionary = meta.get(_META_DATA_PAGE), meta.get(_META_DICTIONARY_PAGE)
-                values = meta.get(_META_VALUES)
-                if not names or not isinstance(size, int) or not isinstance(data, int) or not isinstance(values, int):
-                    return None
-                begin = dictionary if isinstance(dictionary, int) and 0 < dictionary < data else data
-                column = names[0].decode("utf-8", "replace")
-                most = max(rows, values) + 64  # pages: one holds at least a row or a value, but for a few
-                out.append(Leaf(column, repeated, _pages(f.fileno(), begin, begin + size, most, self._path)))
+        for meta, repeated in zip(chunks, self._repeated, strict=True):
+            names, size = meta.get(_META_PATH), meta.get(_META_COMPRESSED)
+            data, dictionary = meta.get(_META_DATA_PAGE), meta.get(_META_DICTIONARY_PAGE)
+            values = meta.get(_META_VALUES)
+            if not names or not isinstance(size, int) or not isinstance(data, int) or not isinstance(values, int):
+                return None
+            begin = dictionary if isinstance(dictionary, int) and 0 < dictionary < data else data
+            column = names[0].decode("utf-8", "replace")
+            most = max(rows, values) + 64  # pages: one holds at least a row or a value, but for a few
+            try:
+                pages = _pages(self.fd, begin, begin + size, most, self._path)
+            except OSError:
+                return None  # no verdict: reading the group will say what is wrong
+            out.append(Leaf(column, repeated, pages))
         return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self._close(self.fd)
+            self.fd = -1
 
     def damage(self, group: int, rows: int) -> str | None:
         """What is wrong with ``group``'s page headers (of ``rows`` rows), or None."""
@@ -168,7 +175,10 @@ class _Groups:
         (serialized,) = metadata.__reduce__()[1]
         self._buf = serialized.to_pybytes()
         self._read: list[tuple[int, list[dict[int, Any]]]] = []  # (rows, each chunk's fields)
-        self._at, self._left = self._find_groups()
+        try:
+            self._at, self._left = self._find_groups()
+        except (IndexError, RecursionError, ValueError):
+            self._at, self._left = 0, 0  # not what pyarrow writes: no verdict
 
     def _find_groups(self) -> tuple[int, int]:
         """Where the footer's first row group starts, and how many there are."""
@@ -379,10 +389,12 @@ def _header(fd: int, at: int, path: str) -> tuple[dict[int, Any], int, bytes] | 
 
 
 class Retyped(io.RawIOBase):
-    """A local file read as it is, except that each page header at ``patches`` says ``INDEX_PAGE``."""
+    """The open file ``fd`` read as it is, except that each page header at ``patches`` says
+    ``INDEX_PAGE``."""
 
-    def __init__(self, path: str, patches: list[int]):
-        self._fd = os.open(path, os.O_RDONLY)
+    def __init__(self, fd: int, patches: list[int]):
+        self._fd = os.dup(fd)
+        self._close = os.close  # held: a reader may be closed at interpreter exit, its modules gone
         self._size = os.fstat(self._fd).st_size
         self._at = 0
         self._patches = sorted(p + 1 for p in patches)  # the byte after the field header: the type's value
@@ -422,5 +434,5 @@ class Retyped(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            os.close(self._fd)
+            self._close(self._fd)
         super().close()

@@ -128,7 +128,7 @@ class ParquetReader:
         time; None when the group must be read whole (damaged: see :meth:`_group`)."""
         try:
             stream = self._stream
-            if stream is None or stream.group != g or stream.row > a:
+            if stream is None or stream.group != g or stream.row > a or self._leaps(stream, a):
                 self._drop_stream()
                 stream = self._stream = self._start(g, a)
             table = stream.take(a, z)
@@ -140,6 +140,16 @@ class ParquetReader:
         if stream.row >= stream.rows:
             self._drop_stream()  # read to its end: in epoch order no slice comes back to it
         return table
+
+    def _leaps(self, stream: _Stream | _Columns, a: int) -> bool:
+        """Whether decoding row ``a`` of ``stream``'s group on from its pages beats decoding on to
+        it: a gap of a batch or more (rows another reader read before an elastic restore), where
+        every column asked for has a page that starts past the stream's row."""
+        if a - stream.row < STREAM_ROWS or self._pages is None:
+            return False
+        starts, patches = self._pages.skips(stream.group, stream.rows, a)
+        names = self._columns or self._file.schema_arrow.names
+        return bool(patches) and all(starts.get(name, 0) > stream.row for name in names)
 
     def _start(self, g: int, a: int) -> _Stream | _Columns:
         """Row group ``g`` decoded from row ``a`` on: each column from the page ``a`` is in,

@@ -41,7 +41,7 @@ INTERNAL: dict[Site, tuple[int, str]] = {
     ("formats/mds.py", "MdsReader._sample", "ValueError"): (2, "caught in MdsReader.read(): a RecordError"),
     ("formats/parquet.py", "ParquetReader._group", "ValueError"): (1, "caught in _group: the row group is salvaged"),
     ("formats/parquet.py", "_Stream.take", "ValueError"): (1, "caught in ParquetReader._streamed"),
-    ("formats/parquet.py", "_Stream._next", "ValueError"): (2, "caught in ParquetReader._streamed"),
+    ("formats/parquet.py", "_Stream._next", "ValueError"): (1, "caught in ParquetReader._streamed"),
     ("formats/parquet.py", "ParquetReader._start", "ValueError"): (1, "caught in ParquetReader._streamed"),
     ("formats/parquet_pages.py", "_skip", "ValueError"): (2, "caught in _Groups.get: no verdict on the footer"),
     ("formats/webdataset.py", "_npy", "ValueError"): (1, "caught in the reader: a RecordError for the sample"),

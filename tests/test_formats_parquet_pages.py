@@ -6,6 +6,7 @@ the slice that holds it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -240,3 +241,30 @@ def test_a_gap_of_pages_between_two_slices_is_skipped_not_decoded(tmp_path: Path
     assert reader.read(0, 100).table.equals(table.slice(0, 100))
     assert reader.read(ROWS - 200, ROWS - 100).table.equals(table.slice(ROWS - 200, 100))
     reader.close()
+
+
+def test_batches_cut_short_where_strings_would_pass_2_gib_are_not_damage(tmp_path: Path) -> None:
+    """pyarrow ends a batch early where its strings would pass 2 GiB (1,000 documents of 2.2 MB):
+    a group's batches then come short of ``STREAM_ROWS`` before its end. The rows are the group's
+    all the same, and only a group whose rows do not add up is damaged."""
+    path = tmp_path / "a.parquet"
+    rows = 2100
+    table = pa.table({"id": range(rows), "text": [f"t{i}" for i in range(rows)]})
+    pq.write_table(table, path, row_group_size=rows)
+    file = pq.ParquetFile(path)
+
+    def cut(sizes: list[int]) -> Iterator[pa.RecordBatch]:
+        at = 0
+        for n in sizes:
+            yield table.slice(at, n).to_batches()[0]
+            at += n
+
+    stream = parquet._Stream(file, 0, rows, None)
+    stream._batches = cut([976, 48, 1024, 52])  # what pyarrow gives for multi-MB strings
+    got = [stream.take(a, z) for a, z in [(0, 700), (700, 1500), (1500, 2100)]]
+    assert pa.concat_tables(got).equals(table)
+    stream = parquet._Stream(file, 0, rows, None)
+    stream._batches = cut([976, 48, 1024, 30])  # 22 rows short: a page passed over
+    stream.take(0, 1500)
+    with pytest.raises(ValueError, match="2078 rows decoded, the footer says 2100"):
+        stream.take(1500, 2100)

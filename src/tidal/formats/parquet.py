@@ -269,43 +269,47 @@ class _Stream:
         self.group, self.rows = group, rows
         self.row = start  # the group's row ``_left`` (or the next batch) starts at: pages before ``start`` skipped
         self._batches = file.iter_batches(STREAM_ROWS, row_groups=[group], columns=columns, use_threads=False)
-        self._left: pa.RecordBatch | None = None
+        self._left: pa.Table | None = None
         self._decoded = start  # the group's rows the batches so far end at
 
     def take(self, a: int, z: int) -> pa.Table:
         """Rows ``[a, z)`` of the group (``a`` at or past the rows already taken), validated."""
-        parts: list[pa.RecordBatch] = []
+        parts: list[pa.Table] = []
         while self.row < z:
-            batch = self._left if self._left is not None else self._next()
+            rows = self._left if self._left is not None else self._next()
             self._left = None
-            end = self.row + batch.num_rows
+            end = self.row + rows.num_rows
             lo, hi = max(a, self.row), min(z, end)
             if lo < hi:
-                parts.append(batch.slice(lo - self.row, hi - lo))
+                parts.append(rows.slice(lo - self.row, hi - lo))
             if hi < end:
-                self._left = batch.slice(hi - self.row)
+                self._left = rows.slice(hi - self.row)
                 self.row = hi
             else:
                 self.row = end
-        table = pa.Table.from_batches(parts) if parts else None
-        if table is None:
+        if not parts:
             raise ValueError(f"row group {self.group}: no rows {a}..{z}")
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
         table.validate(full=True)
         return table
 
-    def _next(self) -> pa.RecordBatch:
-        """The next batch: ``STREAM_ROWS`` rows, or the group's last ones. One short of that
-        before the group's end, or past it, means a page was passed over or made up."""
-        batch = next(self._batches, None)
-        if batch is None:
-            raise ValueError(f"row group {self.group} ended after {self._decoded} rows, the footer says {self.rows}")
-        self._decoded += batch.num_rows
-        if self._decoded > self.rows or (batch.num_rows < STREAM_ROWS and self._decoded < self.rows):
-            raise ValueError(
-                f"row group {self.group}: a batch of {batch.num_rows} rows ends at row {self._decoded}, "
-                f"the footer says {self.rows}"
-            )
-        return batch
+    def _next(self) -> pa.Table:
+        """The group's next ``STREAM_ROWS`` rows or so (fewer where a batch's strings would pass
+        2 GiB), or all that is left of it where that is no more: counted then, so that a group
+        of one batch is checked whole before any of it is served (a page pyarrow passed over
+        leaves it short; a longer group's page headers are checked before it is decoded)."""
+        if self.rows - self._decoded > STREAM_ROWS:
+            batch = next(self._batches, None)
+            batches = [] if batch is None else [batch]
+            self._decoded += batch.num_rows if batch is not None else 0
+            short = batch is None or self._decoded > self.rows
+        else:
+            batches = list(self._batches)
+            self._decoded += sum(b.num_rows for b in batches)
+            short = self._decoded != self.rows
+        if short:
+            raise ValueError(f"row group {self.group}: {self._decoded} rows decoded, the footer says {self.rows}")
+        return pa.Table.from_batches(batches)
 
     def close(self) -> None:
         """Nothing of its own: its file is the reader's."""

@@ -6,8 +6,8 @@ a page header (the type) drops that page's rows from its column without an error
 later row of the column moves up; only the group's end shows the shortfall, after the wrong
 rows were served. For a group decoded in several batches the headers are read here first: a
 page of another type, a second dictionary, or data pages whose rows do not add up to the
-group's (a column that is not repeated; a repeated one where its pages count rows) make the
-group damaged, before any of it is decoded. (A group of one batch is counted as it is decoded.)
+group's (a column that is not repeated) make the group damaged, before any of it is decoded.
+(A group of one batch is counted as it is decoded.)
 
 **Skipped.** pyarrow 26 decodes a row group from its first row: it has no row-range read and
 uses no page index. A slice that starts deep in a row group (a resume, or the first block of a
@@ -132,9 +132,8 @@ class Pages:
                     return f"{where}: a page of unknown type {page.kind} at byte {page.at}"
             if DICTIONARY_PAGE in kinds[1:]:
                 return f"{where}: a dictionary page after its first page"
-            counted = not leaf.repeated or all(k == DATA_PAGE_V2 for k in kinds if k != DICTIONARY_PAGE)
             held = sum(p.held for p in leaf.pages if p.kind != DICTIONARY_PAGE)
-            if counted and held != rows:
+            if not leaf.repeated and held != rows:  # a repeated column's pages count values
                 return f"{where}: its pages hold {held} rows, the row group {rows}"
         return None
 

@@ -10,6 +10,7 @@ elsewhere a chunk is one item and ``within`` is 0.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from threading import Thread as _Thread
 from typing import Any
 
 from tidal.errors import StateError
@@ -156,9 +157,12 @@ class DatasetIterator(Iterator[Any]):
         self._top.close()
 
     def __del__(self) -> None:
+        """Closed on a thread of its own: closing waits for reads in flight (their threads
+        joined), and the garbage collector may run this in a thread that holds a lock of
+        ``threading``'s that joining takes (a thread starting up): waiting here hung for ever."""
         top = getattr(self, "_top", None)
         if top is not None:
             try:  # noqa: SIM105  (not contextlib: as the interpreter exits, module globals are gone)
-                top.close()
-            except Exception:
+                _Thread(target=top.close, name="tidal-close", daemon=True).start()
+            except Exception:  # the interpreter is exiting: its files close with the process
                 pass

@@ -9,8 +9,11 @@ elsewhere a chunk is one item and ``within`` is 0.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
-from threading import Thread as _Thread
+from queue import SimpleQueue
+from sys import is_finalizing as _finalizing
+from threading import Thread
 from typing import Any
 
 from tidal.errors import StateError
@@ -21,6 +24,39 @@ from tidal.state.schema import check_dataset
 from tidal.state.view import View
 from tidal.tables import records
 from tidal.world import World
+
+
+class _Closer:
+    """Closes the iterators the garbage collector drops, on a thread of its own. Closing waits
+    for reads in flight (their threads joined); the collector may finalize an iterator in a
+    thread that holds a lock of ``threading``'s which joining (or starting) a thread takes,
+    and waiting there hung the process for ever (seen once in the test suite). A finalizer
+    only puts the iterator here (``SimpleQueue.put`` may be called from one)."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self._queue: SimpleQueue[Any] = SimpleQueue()
+
+    def start(self) -> None:
+        """Start the thread in this process, if it has none yet (from code that may block)."""
+        if self.pid != os.getpid():
+            self.pid, self._queue = os.getpid(), SimpleQueue()  # a fork's copy is the parent's
+            Thread(target=self._run, args=(self._queue,), name="tidal-close", daemon=True).start()
+
+    def put(self, closable: Any) -> None:
+        self._queue.put(closable)
+
+    @staticmethod
+    def _run(queue: SimpleQueue[Any]) -> None:
+        while True:
+            closable = queue.get()
+            try:
+                closable.close()
+            except Exception:  # what a finalizer would have ignored
+                continue
+
+
+_CLOSER = _Closer()
 
 
 class DatasetIterator(Iterator[Any]):
@@ -45,6 +81,7 @@ class DatasetIterator(Iterator[Any]):
         weights: Mapping[str, float] | None = None,
         trace: bool = False,
     ):
+        _CLOSER.start()
         self.world = world
         self.stage = stage
         self._fingerprint = fingerprint
@@ -157,12 +194,13 @@ class DatasetIterator(Iterator[Any]):
         self._top.close()
 
     def __del__(self) -> None:
-        """Closed on a thread of its own: closing waits for reads in flight (their threads
-        joined), and the garbage collector may run this in a thread that holds a lock of
-        ``threading``'s that joining takes (a thread starting up): waiting here hung for ever."""
         top = getattr(self, "_top", None)
-        if top is not None:
-            try:  # noqa: SIM105  (not contextlib: as the interpreter exits, module globals are gone)
-                _Thread(target=top.close, name="tidal-close", daemon=True).start()
-            except Exception:  # the interpreter is exiting: its files close with the process
-                pass
+        if top is None:
+            return
+        try:  # not contextlib: as the interpreter exits, module globals are gone
+            if _finalizing() or _CLOSER.pid != os.getpid():  # no closer thread (no read threads here either)
+                top.close()
+            else:
+                _CLOSER.put(top)
+        except Exception:  # globals gone: its files close with the process
+            pass

@@ -194,24 +194,29 @@ def test_an_iterator_continued_in_a_forked_child_reads_on(tmp_path: Path, monkey
     it.close()
 
 
-@pytest.mark.parametrize("held", ["_shutdown_locks_lock", "_active_limbo_lock"])
-def test_an_iterator_collected_where_threading_holds_its_lock_does_not_hang(tmp_path: Path, held: str) -> None:
-    """The garbage collector can finalize a dropped iterator in a thread that is starting up,
-    which holds a lock of ``threading``'s that joining or starting a thread takes: closing the
-    iterator there (its read threads joined) hung the process for ever (seen once in the test
-    suite). It is handed to a thread of its own instead."""
+def test_an_iterator_collected_inside_threadings_bookkeeping_does_not_hang(tmp_path: Path) -> None:
+    """The garbage collector can finalize a dropped iterator inside threading's bookkeeping (a
+    thread starting up prunes its list of locks with ``_shutdown_locks_lock`` held): closing the
+    iterator there joins its read threads, which takes that lock, and the process hung for ever
+    (seen once in the test suite). It is handed to a thread of its own instead. Here the
+    collector runs in a function of threading's file and name, with the lock held."""
     import subprocess
     import sys
 
-    if not hasattr(threading, held):
-        pytest.skip(f"no threading.{held} in this Python")
+    if not hasattr(threading, "_shutdown_locks_lock"):
+        pytest.skip("no threading._shutdown_locks_lock in this Python")
     for f in range(4):
         pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), tmp_path / f"{f}.parquet")
     code = (
-        "import gc, os, threading, tidal; os.environ['TIDAL_READ_THREADS'] = '2'; "
-        f"ds = tidal.Dataset({str(tmp_path)!r}).shuffle(seed=1, block_size=80, shards_per_block=4); "
-        "it = ds.iterator(); next(it); "
-        f"lock = threading.{held}; lock.acquire(); del it; gc.collect(); lock.release(); print('ok')"
+        "import gc, os, threading, tidal; os.environ['TIDAL_READ_THREADS'] = '2'\n"
+        f"ds = tidal.Dataset({str(tmp_path)!r}).shuffle(seed=1, block_size=80, shards_per_block=4)\n"
+        "held = [ds.iterator()]; next(held[0])\n"
+        "space = {'gc': gc}\n"
+        "exec(compile('def _maintain_shutdown_locks(held):\\n    del held[0]\\n    gc.collect()', "
+        "threading.__file__, 'exec'), space)\n"
+        "with threading._shutdown_locks_lock:\n"
+        "    space['_maintain_shutdown_locks'](held)\n"
+        "print('ok')\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

@@ -10,6 +10,8 @@ elsewhere a chunk is one item and ``within`` is 0.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Iterator, Mapping
 from queue import SimpleQueue
 from sys import is_finalizing as _finalizing
@@ -27,11 +29,12 @@ from tidal.world import World
 
 
 class _Closer:
-    """Closes the iterators the garbage collector drops, on a thread of its own. Closing waits
-    for reads in flight (their threads joined); the collector may finalize an iterator in a
-    thread that holds a lock of ``threading``'s which joining (or starting) a thread takes,
-    and waiting there hung the process for ever (seen once in the test suite). A finalizer
-    only puts the iterator here (``SimpleQueue.put`` may be called from one)."""
+    """Closes the iterators the garbage collector drops where closing them could hang, on a
+    thread of its own. Closing waits for reads in flight (their threads joined); the collector
+    may finalize an iterator in a thread that holds a lock of ``threading``'s which joining (or
+    starting) a thread takes, and waiting there hung the process for ever (seen once in the
+    test suite). Such a finalizer only puts the iterator here (``SimpleQueue.put`` may be called
+    from one); elsewhere it closes at once, as files are expected to be."""
 
     def __init__(self) -> None:
         self.pid = -1
@@ -57,6 +60,23 @@ class _Closer:
 
 
 _CLOSER = _Closer()
+# threading's functions that hold its own locks (which starting and joining a thread take)
+_HOLDING = frozenset(
+    ["_maintain_shutdown_locks", "_set_tstate_lock", "_stop", "_delete", "_shutdown", "_after_fork", "start"]
+)
+_THREADING = threading.__file__
+
+
+def _collected_holding_threading_lock() -> bool:
+    """Whether the collector runs this finalizer from inside threading's bookkeeping (the frames
+    right above it are threading's, one of them holding its lock): closing there could wait on
+    that lock for ever."""
+    frame: Any = sys._getframe(2)  # the code the collector interrupted
+    while frame is not None and frame.f_code.co_filename == _THREADING:
+        if frame.f_code.co_name in _HOLDING:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class DatasetIterator(Iterator[Any]):
@@ -198,9 +218,9 @@ class DatasetIterator(Iterator[Any]):
         if top is None:
             return
         try:  # not contextlib: as the interpreter exits, module globals are gone
-            if _finalizing() or _CLOSER.pid != os.getpid():  # no closer thread (no read threads here either)
-                top.close()
-            else:
+            if not _finalizing() and _CLOSER.pid == os.getpid() and _collected_holding_threading_lock():
                 _CLOSER.put(top)
+            else:
+                top.close()  # at once, as files are expected to be
         except Exception:  # globals gone: its files close with the process
             pass

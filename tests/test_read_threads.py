@@ -199,7 +199,7 @@ def test_an_iterator_collected_inside_threadings_bookkeeping_does_not_hang(tmp_p
     thread starting up prunes its list of locks with ``_shutdown_locks_lock`` held): closing the
     iterator there joins its read threads, which takes that lock, and the process hung for ever
     (seen once in the test suite). It is handed to a thread of its own instead. Here the
-    collector runs in a function of threading's file and name, with the lock held."""
+    collector runs in a function of threading's file and name, with the lock held (tidal.closing)."""
     import subprocess
     import sys
 

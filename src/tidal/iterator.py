@@ -9,15 +9,10 @@ elsewhere a chunk is one item and ``within`` is 0.
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
 from collections.abc import Iterator, Mapping
-from queue import SimpleQueue
-from sys import is_finalizing as _finalizing
-from threading import Thread
 from typing import Any
 
+from tidal.closing import close_dropped
 from tidal.errors import StateError
 from tidal.stages import Context, Locator, Origin, Stage, Unlocated
 from tidal.stages.weights import Live
@@ -26,57 +21,6 @@ from tidal.state.schema import check_dataset
 from tidal.state.view import View
 from tidal.tables import records
 from tidal.world import World
-
-
-class _Closer:
-    """Closes the iterators the garbage collector drops where closing them could hang, on a
-    thread of its own. Closing waits for reads in flight (their threads joined); the collector
-    may finalize an iterator in a thread that holds a lock of ``threading``'s which joining (or
-    starting) a thread takes, and waiting there hung the process for ever (seen once in the
-    test suite). Such a finalizer only puts the iterator here (``SimpleQueue.put`` may be called
-    from one); elsewhere it closes at once, as files are expected to be."""
-
-    def __init__(self) -> None:
-        self.pid = -1
-        self._queue: SimpleQueue[Any] = SimpleQueue()
-
-    def start(self) -> None:
-        """Start the thread in this process, if it has none yet (from code that may block)."""
-        if self.pid != os.getpid():
-            self.pid, self._queue = os.getpid(), SimpleQueue()  # a fork's copy is the parent's
-            Thread(target=self._run, args=(self._queue,), name="tidal-close", daemon=True).start()
-
-    def put(self, closable: Any) -> None:
-        self._queue.put(closable)
-
-    @staticmethod
-    def _run(queue: SimpleQueue[Any]) -> None:
-        while True:
-            closable = queue.get()
-            try:
-                closable.close()
-            except Exception:  # what a finalizer would have ignored
-                continue
-
-
-_CLOSER = _Closer()
-# threading's functions that hold its own locks (which starting and joining a thread take)
-_HOLDING = frozenset(
-    ["_maintain_shutdown_locks", "_set_tstate_lock", "_stop", "_delete", "_shutdown", "_after_fork", "start"]
-)
-_THREADING = threading.__file__
-
-
-def _collected_holding_threading_lock() -> bool:
-    """Whether the collector runs this finalizer from inside threading's bookkeeping (the frames
-    right above it are threading's, one of them holding its lock): closing there could wait on
-    that lock for ever."""
-    frame: Any = sys._getframe(2)  # the code the collector interrupted
-    while frame is not None and frame.f_code.co_filename == _THREADING:
-        if frame.f_code.co_name in _HOLDING:
-            return True
-        frame = frame.f_back
-    return False
 
 
 class DatasetIterator(Iterator[Any]):
@@ -101,7 +45,6 @@ class DatasetIterator(Iterator[Any]):
         weights: Mapping[str, float] | None = None,
         trace: bool = False,
     ):
-        _CLOSER.start()
         self.world = world
         self.stage = stage
         self._fingerprint = fingerprint
@@ -215,12 +158,8 @@ class DatasetIterator(Iterator[Any]):
 
     def __del__(self) -> None:
         top = getattr(self, "_top", None)
-        if top is None:
-            return
-        try:  # not contextlib: as the interpreter exits, module globals are gone
-            if not _finalizing() and _CLOSER.pid == os.getpid() and _collected_holding_threading_lock():
-                _CLOSER.put(top)
-            else:
-                top.close()  # at once, as files are expected to be
-        except Exception:  # globals gone: its files close with the process
-            pass
+        if top is not None:
+            try:  # noqa: SIM105  (not contextlib: as the interpreter exits, module globals are gone)
+                close_dropped(top)  # (tidal.closing)
+            except Exception:
+                pass

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from tidal import env
+from tidal import closing, env
 from tidal.errors import FormatError, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Located, Piece, Reader, data_errors, exhausted, module, threaded
 from tidal.order import EpochOrder, Intervals
@@ -260,6 +260,7 @@ class BlockReader:
         sees it in file order."""
         pool = self._pool
         if pool is None or pool[0] != os.getpid():  # made in the process that reads (a fork has no threads)
+            closing.start()  # the threads a close joins: a dropped iterator may need it (tidal.closing)
             pool = self._pool = (os.getpid(), ThreadPoolExecutor(self._threads, thread_name_prefix="tidal-read"))
         deferred: dict[str, list[TidalError]] = {}
         self._policy.deferred = deferred
@@ -385,6 +386,7 @@ class BlockReader:
             from tidal.storage.prefetch import Prefetcher
 
             stats = self._remote.stats if self._remote is not None else None
+            closing.start()  # its threads: as for the read threads
             self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats, check=self._plan.indexed)
         return self._remote
 

@@ -268,3 +268,13 @@ def test_batches_cut_short_where_strings_would_pass_2_gib_are_not_damage(tmp_pat
     stream.take(0, 1500)
     with pytest.raises(ValueError, match="2078 rows decoded, the footer says 2100"):
         stream.take(1500, 2100)
+
+
+def test_a_thrift_map_keyed_by_structs_is_a_format_error_not_a_type_error() -> None:
+    """Bytes that say "a map from structs" (parquet.thrift has none; a damaged page header can)
+    are a FormatError naming the file, not Python's "unhashable type" from deep inside."""
+    from tidal.formats.parquet_footer import Reader
+
+    damaged = bytes([0x1B, 0x01, 0xC5, 0x00, 0x02, 0x00])  # field 1: a map of one entry, {} -> 1; the end
+    with pytest.raises(tidal.FormatError, match=r"a.parquet: corrupt Parquet footer: a map whose keys"):
+        Reader(damaged, "a.parquet").struct()

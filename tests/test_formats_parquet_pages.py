@@ -36,11 +36,10 @@ def _table(n: int = ROWS, text: int = 40) -> pa.Table:
 
 def _starts(path: Path, group: int, row: int) -> dict[str, int]:
     pf = pq.ParquetFile(path)
-    rows = pf.metadata.row_group(group).num_rows
     repeated = [pf.schema.column(i).max_repetition_level > 0 for i in range(len(pf.schema))]
     pages = Pages(str(path), pf.metadata, repeated, str(path))
     try:
-        return pages.skips(group, rows, row)[0]
+        return pages.skips(group, row)[0]
     finally:
         pages.close()
 

@@ -147,7 +147,7 @@ class ParquetReader:
         every column asked for has a page that starts past the stream's row."""
         if a - stream.row < STREAM_ROWS or self._pages is None:
             return False
-        starts, patches = self._pages.skips(stream.group, stream.rows, a)
+        starts, patches = self._pages.skips(stream.group, a)
         names = self._columns or self._file.schema_arrow.names
         return bool(patches) and all(starts.get(name, 0) > stream.row for name in names)
 
@@ -164,7 +164,7 @@ class ParquetReader:
         damage = pages.damage(g, rows)
         if damage is not None:
             raise ValueError(damage)
-        starts, patches = pages.skips(g, rows, a) if a else ({}, [])
+        starts, patches = pages.skips(g, a) if a else ({}, [])
         names = self._columns or self._file.schema_arrow.names
         if not patches or len(set(names)) < len(names):
             return _Stream(self._file, g, rows, self._columns)

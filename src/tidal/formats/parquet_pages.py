@@ -137,13 +137,12 @@ class Pages:
                 return f"{where}: its pages hold {held} rows, the row group {rows}"
         return None
 
-    def skips(self, group: int, rows: int, row: int) -> tuple[dict[str, int], list[int]]:
+    def skips(self, group: int, row: int) -> tuple[dict[str, int], list[int]]:
         """For a slice of ``group`` starting at ``row``: the row each top-level column can be
         decoded from (the first row of the page ``row`` is in; 0 where it cannot skip), and the
-        headers whose page type :class:`Retyped` changes."""
+        headers whose page type :class:`Retyped` changes. For a group whose :meth:`damage` is None
+        (the reader checks it as it starts the group)."""
         leaves = self.leaves(group) or []
-        if self.damage(group, rows) is not None:
-            return {}, []
         per_column: dict[str, int] = {}
         for leaf in leaves:
             per_column[leaf.column] = per_column.get(leaf.column, 0) + 1
@@ -183,20 +182,12 @@ class _Groups:
         """Where the footer's first row group starts, and how many there are."""
         buf, at, last = self._buf, 0, 0
         while True:
-            head = buf[at]
-            at += 1
-            kind = head & 0x0F
+            kind, last, at = _field(buf, at, last)
             if kind == _STOP:
                 return at, 0
-            if head >> 4:
-                last += head >> 4
-            else:
-                field, at = _varint(buf, at)
-                last = (field >> 1) ^ -(field & 1)
             if last == _FILE_ROW_GROUPS and kind == _LIST:
-                head = buf[at]
-                size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
-                return at, size if head & 0x0F == _STRUCT else 0
+                item, size, at = _list(buf, at)
+                return at, size if item == _STRUCT else 0
             at = _skip(buf, at, kind, 0)
 
     def get(self, group: int) -> tuple[int, list[dict[int, Any]]] | None:
@@ -214,22 +205,14 @@ class _Groups:
         buf, last, rows = self._buf, 0, -1
         chunks: list[dict[int, Any]] = []
         while True:
-            head = buf[at]
-            at += 1
-            kind = head & 0x0F
+            kind, last, at = _field(buf, at, last)
             if kind == _STOP:
                 self._read.append((rows, chunks))
                 return at
-            if head >> 4:
-                last += head >> 4
-            else:
-                field, at = _varint(buf, at)
-                last = (field >> 1) ^ -(field & 1)
             if last == _GROUP_ROWS and kind in (_I32, _I64):
                 rows, at = _zigzag(buf, at)
             elif last == _GROUP_COLUMNS and kind == _LIST:
-                head = buf[at]
-                size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
+                _, size, at = _list(buf, at)
                 for _ in range(size):
                     fields, at = _chunk(buf, at)
                     chunks.append(fields)
@@ -242,34 +225,19 @@ def _chunk(buf: bytes, at: int) -> tuple[dict[int, Any], int]:
     fields: dict[int, Any] = {}
     last = 0
     while True:
-        head = buf[at]
-        at += 1
-        kind = head & 0x0F
+        kind, last, at = _field(buf, at, last)
         if kind == _STOP:
             return fields, at
-        if head >> 4:
-            last += head >> 4
-        else:
-            field, at = _varint(buf, at)
-            last = (field >> 1) ^ -(field & 1)
         if last != _CHUNK_META or kind != _STRUCT:
             at = _skip(buf, at, kind, 0)
             continue
         inner = 0
         while True:
-            head = buf[at]
-            at += 1
-            kind = head & 0x0F
+            kind, inner, at = _field(buf, at, inner)
             if kind == _STOP:
                 break
-            if head >> 4:
-                inner += head >> 4
-            else:
-                field, at = _varint(buf, at)
-                inner = (field >> 1) ^ -(field & 1)
             if inner == _META_PATH and kind == _LIST:
-                head = buf[at]
-                size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
+                _, size, at = _list(buf, at)
                 path = []
                 for _ in range(size):
                     n, at = _varint(buf, at)
@@ -283,6 +251,24 @@ def _chunk(buf: bytes, at: int) -> tuple[dict[int, Any], int]:
                 fields[inner], at = _zigzag(buf, at)
             else:
                 at = _skip(buf, at, kind, 0)
+
+
+def _field(buf: bytes, at: int, last: int) -> tuple[int, int, int]:
+    """The struct field header at ``at`` (``last``: the field before): its type (``_STOP`` at the
+    struct's end), its id, and where its value starts."""
+    head = buf[at]
+    kind, delta = head & 0x0F, head >> 4
+    if kind == _STOP or delta:
+        return kind, last + delta, at + 1
+    field, at = _varint(buf, at + 1)
+    return kind, (field >> 1) ^ -(field & 1), at
+
+
+def _list(buf: bytes, at: int) -> tuple[int, int, int]:
+    """The list header at ``at``: its items' type, how many, and where they start."""
+    head = buf[at]
+    size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
+    return head & 0x0F, size, at
 
 
 def _varint(buf: bytes, at: int) -> tuple[int, int]:
@@ -319,9 +305,7 @@ def _skip(buf: bytes, at: int, kind: int, depth: int) -> int:
         n, at = _varint(buf, at)
         return at + n
     if kind in (_LIST, _SET):
-        head = buf[at]
-        size, at = (head >> 4, at + 1) if head >> 4 != 15 else _varint(buf, at + 1)
-        item = head & 0x0F
+        item, size, at = _list(buf, at)
         if item <= _BYTE:  # bools (a byte each in a list) and bytes
             return at + size
         for _ in range(size):

@@ -30,6 +30,9 @@ class Recycled:
         self._bytes = 0
         self._max = max_bytes
         self._lock = threading.Lock()
+        # kept: a loader's generator left open at interpreter exit trims the pool after the
+        # interpreter has set the modules' names to None
+        self._refs = sys.getrefcount
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -55,7 +58,7 @@ class Recycled:
         """Forget free buffers, oldest first, until the pool keeps at most ``until`` bytes."""
         i = 0
         while self._bytes > until and i < len(self._bases):
-            if sys.getrefcount(self._bases[i]) == 2:  # the list, getrefcount's argument
+            if self._refs(self._bases[i]) == 2:  # the list, getrefcount's argument
                 self._bytes -= len(self._bases.pop(i))
             else:
                 i += 1
@@ -64,7 +67,7 @@ class Recycled:
         """A kept buffer of ``nbytes`` to twice that which only this pool refers to."""
         for base in self._bases:
             # references: the list, this loop's name, getrefcount's argument; a live view adds one
-            if nbytes <= len(base) <= 2 * nbytes and sys.getrefcount(base) == 3:
+            if nbytes <= len(base) <= 2 * nbytes and self._refs(base) == 3:
                 return base
         return None
 

@@ -53,7 +53,7 @@ def _read(root: Path, threads: str, monkeypatch: pytest.MonkeyPatch, caplog: Any
     records = []
     for rec in it:
         records.append(rec)
-        seen_threads |= {t.name.split("_")[0] for t in threading.enumerate() if t.name.startswith("tidal-read")}
+        seen_threads |= {t.name.split("_")[0] for t in threading.enumerate() if t.name.startswith("tidal-read_")}
     stats = {k: it.stats()[k] for k in ("rows_read", "skipped", "bad_files")}
     logged = [r.getMessage() for r in caplog.records if r.name == "tidal"]
     return records, stats, logged, seen_threads
@@ -131,7 +131,7 @@ def test_an_iterator_left_open_at_exit_says_nothing(tmp_path: Path) -> None:
     code = (
         f"import torch, tidal, threading; ds = tidal.Dataset({str(tmp_path)!r}).shuffle(seed=1).repeat().batch(8); "
         "loader = tidal.DataLoader(ds); it = iter(loader); b = next(it); "
-        "assert any(t.name.startswith('tidal-read') for t in threading.enumerate())"
+        "assert any(t.name.startswith('tidal-read_') for t in threading.enumerate())"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
@@ -163,6 +163,85 @@ def test_the_next_block_is_read_while_the_loop_takes_this_one(tmp_path: Path, mo
     whole = [r["id"] for r in ds]
     resumed = ds.iterator(state=state)
     assert first + [r["id"] for r in resumed] == whole and sorted(whole) == list(range(400))
+
+
+def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    from tidal.formats import parquet
+
+    reads: list[tuple[int, int]] = []
+    read = parquet.ParquetReader.read
+
+    def spied(self: Any, start: int, stop: int) -> Any:
+        reads.append((start, stop))
+        return read(self, start, stop)
+
+    monkeypatch.setattr(parquet.ParquetReader, "read", spied)
+    return reads
+
+
+def test_the_next_epochs_first_block_is_read_while_the_loop_ends_this_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under repeat() the block read ahead after an epoch's last one is the next epoch's first (a
+    small dataset starts an epoch every few blocks); none is read past the pass's last epoch, and
+    the records are those of reading without threads."""
+    for f in range(4):
+        pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), tmp_path / f"{f}.parquet")
+    ds = tidal.Dataset(tmp_path).shuffle(seed=1, block_size=80, shards_per_block=4).repeat(3)  # 5 blocks of 4 slices
+    monkeypatch.setenv("TIDAL_READ_THREADS", "1")
+    alone = [r["id"] for r in ds]
+    monkeypatch.setenv("TIDAL_READ_THREADS", "2")
+    reads = _spy_reads(monkeypatch)
+    it = ds.iterator()
+    first_epoch = [next(it)["id"] for _ in range(400)]
+    state = it.state()
+    it.close()  # waits for the reads in flight
+    assert sorted(first_epoch) == list(range(400))
+    assert len(reads) == 24  # the epoch's 5 blocks of 4 slices, and the next epoch's first block
+    rest = [r["id"] for r in ds.iterator(state=state)]
+    assert first_epoch + rest == alone and len(alone) == 1200
+    assert len(reads) == 64  # the 2 epochs left read once each (4 slices a block): nothing after the last
+
+
+def test_a_block_of_one_file_is_read_ahead_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pq.write_table(pa.table({"id": list(range(400))}), tmp_path / "one.parquet", row_group_size=50)
+    monkeypatch.setenv("TIDAL_READ_THREADS", "2")
+    reads = _spy_reads(monkeypatch)
+    ds = tidal.Dataset(tmp_path).shuffle(seed=1, block_size=80)  # 5 blocks of one slice
+    it = ds.iterator()
+    first = [next(it)["id"] for _ in range(10)]
+    state = it.state()
+    it.close()  # waits for the reads in flight
+    assert len(reads) == 2  # this block's slice and the next one's
+    assert first + [r["id"] for r in ds.iterator(state=state)] == [r["id"] for r in ds]
+
+
+def _read_threads_here(record: dict) -> dict:
+    return {**record, "threads": any(t.name.startswith("tidal-read_") for t in threading.enumerate())}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_read_their_next_block_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: str
+) -> None:
+    """Each DataLoader worker reads its next Parquet block in a thread while it sends batches of
+    this one: the loop takes the workers' batches in turn, so a worker decoding in its own thread
+    held up the loop and every other worker with it. The batches are the same either way."""
+    import multiprocessing
+
+    for f in range(4):
+        pq.write_table(pa.table({"id": list(range(f * 500, f * 500 + 500))}), tmp_path / f"{f}.parquet")
+    ds = tidal.Dataset(tmp_path).shuffle(seed=1, block_size=200, shards_per_block=4).map(_read_threads_here).batch(10)
+
+    def run(threads: str) -> tuple[list[list[int]], set[bool]]:
+        monkeypatch.setenv("TIDAL_READ_THREADS", threads)
+        loader = tidal.DataLoader(ds, num_workers=2, multiprocessing_context=multiprocessing.get_context(context))
+        batches = list(loader)
+        return [b["id"].tolist() for b in batches], {bool(t) for b in batches for t in b["threads"]}
+
+    own, threaded = run("1"), run("2")
+    assert threaded[1] == {True} and own[1] == {False}
+    assert threaded[0] == own[0] and sorted(i for b in own[0] for i in b) == list(range(2000))
 
 
 def test_an_iterator_continued_in_a_forked_child_reads_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,3 +299,26 @@ def test_an_iterator_collected_inside_threadings_bookkeeping_does_not_hang(tmp_p
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_closes_handed_to_the_closer_thread_end_before_the_process_exits(tmp_path: Path) -> None:
+    """The closer thread is a daemon: a close it was still running as the interpreter exited was
+    cut off mid-way (with pyarrow's readers, an abort: "terminate called without an active
+    exception"). Exit waits for the closes handed over."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "closed"
+    code = (
+        "import time\n"
+        "from tidal import closing\n"
+        "class Slow:\n"
+        "    def close(self):\n"
+        "        time.sleep(0.5)\n"
+        f"        open({str(marker)!r}, 'w').close()\n"
+        "closing.start()\n"
+        "closing.CLOSER.put(Slow())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert marker.exists()

@@ -14,10 +14,12 @@ that has threads is what Python 3.12 warns about).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
 import threading
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Any
 
 # threading's functions that hold its own locks (which starting and joining a thread take)
@@ -25,6 +27,7 @@ _HOLDING = frozenset(
     ["_maintain_shutdown_locks", "_set_tstate_lock", "_stop", "_delete", "_shutdown", "_after_fork", "start"]
 )
 _THREADING = threading.__file__
+DRAIN_S = 10.0  # how long exit waits for the closes handed to the closer thread
 
 
 class _Closer:
@@ -41,10 +44,22 @@ class _Closer:
     def put(self, closable: Any) -> None:
         self._queue.put(closable)
 
+    def drain(self, timeout: float = DRAIN_S) -> None:
+        """Wait for the closes handed over so far: at exit, a close still running in this daemon
+        thread as the interpreter tears down (pyarrow's readers) can abort the process."""
+        if self.pid == os.getpid():
+            done: SimpleQueue[bool] = SimpleQueue()
+            self._queue.put(done)  # the thread answers once it gets to it, after what came before
+            with contextlib.suppress(Empty):
+                done.get(timeout=timeout)
+
     @staticmethod
     def _run(queue: SimpleQueue[Any]) -> None:
         while True:
             closable = queue.get()
+            if isinstance(closable, SimpleQueue):
+                closable.put(True)
+                continue
             try:
                 closable.close()
             except Exception:  # what a finalizer would have ignored
@@ -53,6 +68,7 @@ class _Closer:
 
 CLOSER = _Closer()
 start = CLOSER.start
+atexit.register(CLOSER.drain)
 
 
 def close_dropped(closable: Any) -> None:

@@ -47,15 +47,17 @@ def share_tokenizer_threads(workers: int) -> None:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, _cores() // readers))
 
 
-def read_threads() -> int:
-    """Threads a reader alone in its process decodes a block's files with (Parquet, Arrow): its
-    ranks' share of the cores, at most 4; ``TIDAL_READ_THREADS=1`` decodes in the reader's own."""
+def read_threads(workers: int = 1) -> int:
+    """Threads a reader decodes a block's files with (Parquet, Arrow), reading the next block in
+    them while the loop takes this one: the rank's share of the cores (``LOCAL_WORLD_SIZE`` ranks
+    on a machine share them) split over its ``workers``, at most 4 and at least 1.
+    ``TIDAL_READ_THREADS=N`` sets it; ``=1`` gives 0: the reader's own thread, nothing read ahead."""
     given = os.environ.get("TIDAL_READ_THREADS", "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
             raise ConfigError(f"TIDAL_READ_THREADS must be a positive integer, not {given!r}")
-        return int(given)
-    return max(1, min(4, _cores() // _local_ranks()))
+        return int(given) if int(given) > 1 else 0
+    return max(1, min(4, _cores() // (_local_ranks() * max(1, workers))))
 
 
 def warmup_workers() -> int:

@@ -130,8 +130,10 @@ class BlockReader:
         world: World,
         policy: Policy,
         share: Callable[[int], tuple[Intervals, np.ndarray]],
+        next_order: Callable[[int], EpochOrder | None],
     ):
         self._plan, self._world, self._policy, self._share = plan, world, policy, share
+        self._next_order = next_order  # the order of the epoch after one, None after the last
         self._readers = OpenReaders(self._open_reader, self._reader_closed, self.MAX_OPEN)
         self._block_index = -1
         self._block: Block | None = None
@@ -140,11 +142,12 @@ class BlockReader:
         self.skipped = 0  # bad records of this reader's share dropped under errors="skip"
         self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
-        # threads a block's files are read with (see _read_slices): where decoding releases the GIL
-        # (Parquet, Arrow) and this reader is its process's only one (remote files too: their local
-        # copies, or ranged GETs, which release the GIL as they wait)
-        alone = world.num_workers == 1
-        self._threads = env.read_threads() if alone and threaded(plan.shards.formats) else 1
+        # threads a block's files are read with (see _read_slices), the next block read ahead in them
+        # (_read_ahead): where decoding releases the GIL (Parquet, Arrow; remote files too: their local
+        # copies, or ranged GETs, which release the GIL as they wait). A DataLoader worker reads ahead
+        # too: the loop takes batches from the workers in turn, so one worker decoding its next
+        # block in its own thread would hold up the loop, and every other worker with it
+        self._threads = env.read_threads(world.num_workers) if threaded(plan.shards.formats) else 0
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid it was made in, its threads)
         self._reading: list[Future[Piece]] = []  # reads in flight
         # the next block, being read (see _read_ahead): (pid, its slices, their reads, what they skipped)
@@ -221,10 +224,9 @@ class BlockReader:
         return self._block
 
     def _read_slices(self, slices: list[tuple[int, int, int]]) -> Iterator[Piece]:
-        """Each slice's rows, in order. Where decoding releases the GIL and this reader is alone in
-        its process, the files are read side by side in threads (one thread decodes Parquet at
-        0.5 GB/s). The block read ahead (see :meth:`_read_ahead`) is taken as it is when it is
-        the one asked for."""
+        """Each slice's rows, in order. Where decoding releases the GIL and the reader has threads
+        to spare, the files are read side by side in them (one thread decodes Parquet at 0.5 GB/s).
+        The block read ahead (see :meth:`_read_ahead`) is taken as it is when it is the one asked for."""
         ahead, self._ahead = self._ahead, None
         if self._reading:  # reads ahead, or reads an interrupt left running: they use the readers, so they end first
             if self._pool is not None and self._pool[0] == os.getpid():
@@ -233,12 +235,12 @@ class BlockReader:
             # using are the parent's, closed by OpenReaders when this process first uses it
             self._reading = []
         self._policy.deferred = None
-        if not self._threaded(slices):
+        if ahead is not None and ahead[0] == os.getpid() and ahead[1] == slices:
+            reads, deferred = ahead[2], ahead[3]
+        elif not self._side_by_side(slices):
             for shard, a, z in slices:
                 yield self._read(shard, a, z)
             return
-        if ahead is not None and ahead[0] == os.getpid() and ahead[1] == slices:
-            reads, deferred = ahead[2], ahead[3]
         else:
             reads, deferred = self._submit(slices)
             try:
@@ -249,8 +251,12 @@ class BlockReader:
         for shard, a, z in slices:
             yield self._read(shard, a, z, reads.get(shard), deferred)
 
-    def _threaded(self, slices: list[tuple[int, int, int]]) -> bool:
-        return self._threads >= 2 and len(slices) >= 2 and len({s for s, _, _ in slices}) == len(slices)
+    def _side_by_side(self, slices: list[tuple[int, int, int]]) -> bool:
+        """Whether the threads read these slices at once (several files, threads to read them)."""
+        return self._threads >= 2 and len(slices) >= 2 and self._one_per_file(slices)
+
+    def _one_per_file(self, slices: list[tuple[int, int, int]]) -> bool:
+        return len({s for s, _, _ in slices}) == len(slices)  # a file's reader reads one slice at a time
 
     def _submit(
         self, slices: list[tuple[int, int, int]]
@@ -261,7 +267,10 @@ class BlockReader:
         pool = self._pool
         if pool is None or pool[0] != os.getpid():  # made in the process that reads (a fork has no threads)
             closing.start()  # the threads a close joins: a dropped iterator may need it (tidal.closing)
-            pool = self._pool = (os.getpid(), ThreadPoolExecutor(self._threads, thread_name_prefix="tidal-read"))
+            pool = self._pool = (
+                os.getpid(),
+                ThreadPoolExecutor(max(1, self._threads), thread_name_prefix="tidal-read"),
+            )
         deferred: dict[str, list[TidalError]] = {}
         self._policy.deferred = deferred
         reads = {s: pool[1].submit(self._read_held, s, a, z) for s, a, z in slices if s not in self._broken}
@@ -273,19 +282,37 @@ class BlockReader:
             return reader.read(a, z)
 
     def _read_ahead(self, order: EpochOrder, b: int) -> None:
-        """Start reading block ``b`` in the threads while the loop takes the batches of the block
-        before it, so that it waits for a block only when it takes batches faster than the threads
-        decode (one block more in memory, read, not yet made Python). Only for local files:
-        remote ones are fetched ahead by the prefetcher."""
-        if b >= order.blocks or self._plan.storage is not None:
+        """Start reading the block this reader takes after block ``b - 1`` (block ``b``, the next
+        one of its share, or the first of its share of the next epoch) in the threads while the
+        loop takes the batches of this one, so that it waits for a block only when it takes
+        batches faster than the threads decode (one block more in memory, read, not yet made
+        Python). Only for local files: remote ones are fetched ahead by the prefetcher."""
+        if not self._threads or self._plan.storage is not None:
             return
+        found = self._after(order, int(order.starts[b]) if b < order.blocks else order.total)
+        if found is None:
+            return
+        order, b = found
         slices = order.slices(b)
-        begin, end = int(order.starts[b]), int(order.starts[b + 1])
-        intervals, _ = self._share(order.epoch)
-        if not self._threaded(slices) or not any(a < end and begin < z for a, z in intervals):
-            return  # not this reader's to read: no read ahead at the end of its share
+        if not self._one_per_file(slices):
+            return
         reads, deferred = self._submit(slices)
         self._ahead = (os.getpid(), slices, reads, deferred)
+
+    def _after(self, order: EpochOrder, position: int) -> tuple[EpochOrder, int] | None:
+        """The epoch's order and the block of this reader's first position at or after ``position``
+        of ``order``'s epoch; past the end of its share, the first block of its next epoch's share
+        (None at the end of a finite pass). A small dataset under ``repeat()`` starts an epoch
+        every few blocks: without this, each reader waited for the first block of every one."""
+        intervals, _ = self._share(order.epoch)
+        for a, z in intervals:
+            if z > position:
+                return order, order.block_at(max(a, position))
+        following = self._next_order(order.epoch)
+        if following is None:
+            return None
+        intervals, _ = self._share(following.epoch)
+        return (following, following.block_at(intervals[0][0])) if intervals else None
 
     def _read(
         self,

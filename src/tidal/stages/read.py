@@ -218,6 +218,7 @@ class ReadIterator(StageIterator):
         self._paths: dict[int, str] | None = None  # shard paths as provenance names them, once each
         self.exact = True  # one record per position (bar records skipped as bad)
         self._order: EpochOrder | None = None
+        self._following: EpochOrder | None = None  # the next epoch's, once its first block is read ahead
         self._last: tuple[Block, int] | None = None  # the block the last table was cut from, and where
         self._policy = Policy(plan.errors)
         # files the index could not read: counted by one reader, so counts add up over readers
@@ -225,7 +226,7 @@ class ReadIterator(StageIterator):
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
         self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
         self._run: _Run | None = None  # where the offsets being read are: found once, not twice a batch
-        self._blocks = BlockReader(plan, world, self._policy, self._share)
+        self._blocks = BlockReader(plan, world, self._policy, self._share, self._order_after)
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(plan.shards.paths[:3]) + (", ..." if len(plan.shards) > 3 else "")
@@ -296,7 +297,8 @@ class ReadIterator(StageIterator):
             w, plan = self._world, self._plan
             intervals = share(plan.total, done, w.consumers, w.consumer, drop_remainder=plan.epochs is not None)
             ends = np.cumsum([0] + [b - a for a, b in intervals])
-            self._shares = {epoch: (intervals, ends)}  # only the current epoch is ever needed
+            # only the current epoch is ever needed, and the next one's start to read ahead
+            self._shares = {e: v for e, v in self._shares.items() if e == epoch - 1} | {epoch: (intervals, ends)}
         return self._shares[epoch]
 
     def next(self, max_items: int) -> Table:
@@ -379,18 +381,34 @@ class ReadIterator(StageIterator):
 
     def _epoch_order(self) -> EpochOrder:
         if self._order is None or self._order.epoch != self._epoch:
-            p = self._plan
-            self._order = EpochOrder(
-                p.shards.rows,
-                seed=p.seed,
-                epoch=self._epoch,
-                block_size=p.block_size,
-                shards_per_block=p.shards_per_block,
-                bytes=p.shards.bytes,
-                block_bytes=p.block_bytes,
+            following, self._following = self._following, None
+            self._order = (
+                following if following is not None and following.epoch == self._epoch else self._made(self._epoch)
             )
             self._blocks.forget()
         return self._order
+
+    def _order_after(self, epoch: int) -> EpochOrder | None:
+        """The order of the epoch after ``epoch`` (to read its first block ahead), None where the
+        pass ends before it."""
+        following = epoch + 1
+        if self._plan.epochs is not None and following >= self._first + self._plan.epochs:
+            return None
+        if self._following is None or self._following.epoch != following:
+            self._following = self._made(following)
+        return self._following
+
+    def _made(self, epoch: int) -> EpochOrder:
+        p = self._plan
+        return EpochOrder(
+            p.shards.rows,
+            seed=p.seed,
+            epoch=epoch,
+            block_size=p.block_size,
+            shards_per_block=p.shards_per_block,
+            bytes=p.shards.bytes,
+            block_bytes=p.block_bytes,
+        )
 
     def close(self) -> None:
         self._last = None

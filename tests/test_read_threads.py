@@ -244,6 +244,29 @@ def test_dataloader_workers_read_their_next_block_in_a_thread(
     assert threaded[0] == own[0] and sorted(i for b in own[0] for i in b) == list(range(2000))
 
 
+def test_workers_reading_ahead_skip_bad_data_as_one_thread_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bad rows, a damaged row group and a file that cannot be opened, read by 2 workers over 3
+    epochs (blocks read ahead across the epochs): the same batches, the same skip counts and bad
+    files, as reading in the workers' own threads."""
+    root = _corpus(tmp_path / "data")
+    ds = tidal.Dataset(root, errors="skip").shuffle(seed=3, block_size=60, shards_per_block=3).repeat(3).batch(7)
+
+    def run(threads: str) -> tuple[list[list[int]], dict]:
+        monkeypatch.setenv("TIDAL_READ_THREADS", threads)
+        loader = tidal.DataLoader(ds, num_workers=2)
+        batches = [b["id"].tolist() for b in loader]
+        stats = loader.stats()
+        return batches, {k: stats[k] for k in ("batches", "rows_read", "skipped", "bad_files")}
+
+    own, threaded = run("1"), run("2")
+    assert threaded == own
+    assert own[1]["skipped"] > 0 and own[1]["bad_files"] >= 2
+    served = [i for b in own[0] for i in b]
+    assert len(own[0]) == own[1]["batches"] and len(set(served)) < len(served)  # 3 epochs of the good rows
+
+
 def test_an_iterator_continued_in_a_forked_child_reads_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fork copies an iterator whose next block is being read by threads the child does not
     have: the child reads that block afresh instead of waiting on them forever."""

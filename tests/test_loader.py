@@ -250,16 +250,37 @@ def test_workers_exit_when_the_training_process_is_killed(data: Path, tmp_path: 
     assert not left, f"workers {left} outlived their training process ({context})"
 
 
-def test_a_loop_left_unfinished_at_exit_prints_nothing(data: Path) -> None:
-    """The loop's generator is closed while Python shuts down, after module globals are gone."""
+PACKED = """
+import numpy as np
+from tidal.formats.tokens import TokenWriter
+
+rng = np.random.default_rng(0)
+with TokenWriter({tokens!r}) as w:
+    for _ in range(3000):
+        w.write(rng.integers(0, 60_000, int(rng.integers(50, 2000))))
+ds = tidal.Dataset({tokens!r}).shuffle(seed=1).repeat().pack(1024).batch(8)
+"""
+
+
+@pytest.mark.parametrize("batches", ["records", "packed"])
+def test_a_loop_left_unfinished_at_exit_prints_nothing(data: Path, tmp_path: Path, batches: str) -> None:
+    """The loop's generator is closed while Python shuts down, after module globals are gone;
+    packed batches also trim the buffers their bundles were copied into (tidal.transport.recycle),
+    which ran after ``sys`` was None."""
+    if batches == "records":
+        dataset, steps = f"ds = tidal.Dataset({str(data)!r}).repeat().batch(4)\n", 1
+    else:
+        dataset, steps = PACKED.format(tokens=str(tmp_path / "tok")), 300
     script = (
         "import tidal, sys\n"
-        f"loader = tidal.DataLoader(tidal.Dataset({str(data)!r}).repeat().batch(4), num_workers=2)\n"
-        "it = iter(loader)\n"
-        "next(it)\n"
+        + dataset
+        + "it = iter(tidal.DataLoader(ds, num_workers=2))\n"
+        + f"for _ in range({steps}):\n    next(it)\n"
+        + "print('read', flush=True)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.returncode == 0 and done.stdout == "read\n", done.stderr
+    assert done.stderr == ""
 
 
 def test_a_same_topology_restore_after_an_elastic_one_continues_exactly(data: Path) -> None:

@@ -138,33 +138,6 @@ def test_an_iterator_left_open_at_exit_says_nothing(tmp_path: Path) -> None:
     assert run.stderr == ""
 
 
-def test_the_next_block_is_read_while_the_loop_takes_this_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reader alone in its process starts reading the next block as soon as it has this one;
-    a state taken meanwhile still restores to exactly the next record."""
-    from tidal.formats import parquet
-
-    for f in range(4):
-        pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), tmp_path / f"{f}.parquet")
-    monkeypatch.setenv("TIDAL_READ_THREADS", "2")
-    reads: list[tuple[int, int]] = []
-    read = parquet.ParquetReader.read
-
-    def spied(self: Any, start: int, stop: int) -> Any:
-        reads.append((start, stop))
-        return read(self, start, stop)
-
-    monkeypatch.setattr(parquet.ParquetReader, "read", spied)
-    ds = tidal.Dataset(tmp_path).shuffle(seed=1, block_size=80, shards_per_block=4)  # 5 blocks of 4 slices
-    it = ds.iterator()
-    first = [next(it)["id"] for _ in range(10)]
-    state = it.state()
-    it.close()
-    assert len(reads) == 8  # the first block's four slices, and the second's, read ahead
-    whole = [r["id"] for r in ds]
-    resumed = ds.iterator(state=state)
-    assert first + [r["id"] for r in resumed] == whole and sorted(whole) == list(range(400))
-
-
 def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     from tidal.formats import parquet
 
@@ -177,6 +150,24 @@ def _spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
     monkeypatch.setattr(parquet.ParquetReader, "read", spied)
     return reads
+
+
+def test_the_next_block_is_read_while_the_loop_takes_this_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader alone in its process starts reading the next block as soon as it has this one;
+    a state taken meanwhile still restores to exactly the next record."""
+    for f in range(4):
+        pq.write_table(pa.table({"id": list(range(f * 100, f * 100 + 100))}), tmp_path / f"{f}.parquet")
+    monkeypatch.setenv("TIDAL_READ_THREADS", "2")
+    reads = _spy_reads(monkeypatch)
+    ds = tidal.Dataset(tmp_path).shuffle(seed=1, block_size=80, shards_per_block=4)  # 5 blocks of 4 slices
+    it = ds.iterator()
+    first = [next(it)["id"] for _ in range(10)]
+    state = it.state()
+    it.close()
+    assert len(reads) == 8  # the first block's four slices, and the second's, read ahead
+    whole = [r["id"] for r in ds]
+    resumed = ds.iterator(state=state)
+    assert first + [r["id"] for r in resumed] == whole and sorted(whole) == list(range(400))
 
 
 def test_the_next_epochs_first_block_is_read_while_the_loop_ends_this_one(

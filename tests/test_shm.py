@@ -248,33 +248,3 @@ def test_a_recycled_buffer_is_handed_out_again_only_once_nothing_holds_it() -> N
     assert d.__array_interface__["data"][0] == first  # free again: the same memory
     small = pool.empty((8,), np.int64)
     assert small.base is None  # below MIN_BYTES: malloc's
-
-
-LEFT_OPEN = """
-import sys
-import numpy as np
-import tidal
-from tidal.formats.tokens import TokenWriter
-
-rng = np.random.default_rng(0)
-with TokenWriter(sys.argv[1]) as w:
-    for _ in range(3000):
-        w.write(rng.integers(0, 60_000, int(rng.integers(50, 2000))))
-ds = tidal.Dataset(sys.argv[1]).shuffle(seed=1).repeat().pack(1024).batch(8)
-it = iter(tidal.DataLoader(ds, num_workers=2))
-for _ in range(300):
-    next(it)
-print("read", flush=True)
-"""
-
-
-def test_a_loop_left_open_at_exit_leaves_no_error_behind(tmp_path: Path) -> None:
-    """An iterator of recycled bundles still open when the interpreter exits: it is finalized
-    after the interpreter has set the modules' names to None, and says nothing on stderr."""
-    script = tmp_path / "left_open.py"
-    script.write_text(LEFT_OPEN)
-    out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "tok")], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0 and out.stdout == "read\n", out.stderr
-    assert out.stderr == ""

@@ -307,7 +307,7 @@ def _made(
 ) -> Generator[tuple[list, int, dict]]:
     """``([(worker, reader state after it, mark)], tokens, global batch)`` in round-robin order; with
     ``split`` (continuous rows over several workers), each batch one of every worker's side by side."""
-    items = round_robin(pool.fetch, workers, start)
+    items = round_robin(pool.fetch, workers, start, meter.bundle if meter is not None else None)
     for group in steps(items, workers) if split else ([item] for item in items):
         if meter is not None:
             for w, bundle, _ in group:

@@ -505,7 +505,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 got.raise_()
             return got
 
-        for w, bundle, j in round_robin(fetch, n, start):
+        for w, bundle, j in round_robin(fetch, n, start, self._meter.bundle):
             self._meter.bundle(bundle.worker, bundle.stats)
             item = bundle.item(j)
             tokens = 0

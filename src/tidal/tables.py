@@ -49,6 +49,14 @@ class Decoded(Columns):
         return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
 
 
+class Unparsed(Columns):
+    """JSON lines of a block held as they were read, parsed as each batch is cut from it
+    (:func:`tidal.formats.jsonl.parse`): ``line``, each record's bytes, and ``number``, its
+    line in its file. A block's first batch, or the first after a resume, then waits for its
+    lines to be read, not for every record of the block to be parsed, and a DataLoader worker
+    parses a record as it serves it, not its whole block at once while the loop waits on it."""
+
+
 def decoded(table: pa.Table) -> Table:
     """``table`` as :class:`Decoded` (as it is if two columns share a name)."""
     names = table.column_names
@@ -189,6 +197,8 @@ def _join(parts: list[Any]) -> Any:
 
 
 def records(table: Table) -> list[Any]:
+    if isinstance(table, Unparsed):  # parsed by the source stage, where the policy sees its bad lines
+        raise AssertionError("JSON lines reached records() unparsed: a bug in tidal")
     try:
         if isinstance(table, Decoded):
             return table.rows()

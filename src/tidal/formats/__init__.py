@@ -419,6 +419,12 @@ def module(name: str) -> ModuleType:
     return importlib.import_module(_MODULES[name])
 
 
+def parsed_per_batch(formats: Sequence[str]) -> bool:
+    """Whether the source stage holds blocks of these formats unparsed and parses each batch as
+    it is cut: where every one of them says ``PARSED_PER_BATCH`` (JSON lines)."""
+    return bool(formats) and all(getattr(module(name), "PARSED_PER_BATCH", False) for name in set(formats))
+
+
 def threaded(formats: Iterable[str]) -> bool:
     """Whether every one of these formats decodes with the GIL released (its module says
     ``DECODES_WITHOUT_GIL``): only then do threads reading several files at once add cores."""

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from tidal import closing, env
 from tidal.errors import FormatError, SchemaError, StateError, StorageError, TidalError
-from tidal.formats import Located, Piece, Reader, data_errors, exhausted, module, threaded
+from tidal.formats import Located, Piece, Reader, data_errors, exhausted, module, parsed_per_batch, threaded
 from tidal.order import EpochOrder, Intervals
 from tidal.stages.policy import Policy
 from tidal.stages.readers import NotOpened, OpenReaders
@@ -148,6 +148,8 @@ class BlockReader:
         # too: the loop takes batches from the workers in turn, so one worker decoding its next
         # block in its own thread would hold up the loop, and every other worker with it
         self._threads = env.read_threads(world.num_workers) if threaded(plan.shards.formats) else 0
+        # JSON lines are held as their lines and parsed batch by batch (tidal.formats.jsonl)
+        self._unparsed = parsed_per_batch(plan.shards.formats)
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid it was made in, its threads)
         self._reading: list[Future[Piece]] = []  # reads in flight
         # the next block, being read (see _read_ahead): (pid, its slices, their reads, what they skipped)
@@ -156,6 +158,11 @@ class BlockReader:
     def forget(self) -> None:
         """Drop the block held (a new epoch orders the blocks anew)."""
         self._block_index, self._block = -1, None
+
+    def close_file(self, shard: int) -> None:
+        """Close shard ``shard``'s reader where none is reading with it: a bad record raised from
+        its file ends the reading of it as a read that fails does, not left to the collector."""
+        self._readers.close_idle(lambda i: i != shard)
 
     def stats(self) -> dict:
         return self._remote.stats.dict() if self._remote is not None else {}
@@ -279,7 +286,7 @@ class BlockReader:
 
     def _read_held(self, index: int, a: int, z: int) -> Piece:
         with self._readers.using(index) as reader:
-            return reader.read(a, z)
+            return reader.unparsed(a, z) if self._unparsed else reader.read(a, z)  # type: ignore[attr-defined]
 
     def _read_ahead(self, order: EpochOrder, b: int) -> None:
         """Start reading the block this reader takes after block ``b - 1`` (block ``b``, the next

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
+from tidal.formats import module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.stages import Context, Declared, Locator, Origin, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
@@ -34,7 +35,7 @@ from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.storage.config import public_source
 from tidal.storage.retry import redact_urls
-from tidal.tables import Table, cut
+from tidal.tables import Table, Unparsed, cut
 from tidal.world import World
 
 if TYPE_CHECKING:
@@ -170,13 +171,14 @@ class _Rows(Locator):
     """Where the records of a table the source stage returned came from: records ``first ..``
     of a block (not the block itself, which may be freed by then)."""
 
-    def __init__(self, reader: ReadIterator, block: Block, first: int):
+    def __init__(self, reader: ReadIterator, block: Block, first: int, kept: list[int] | None):
         self._reader, self._slices, self._rows, self._first = reader, block.slices, block.rows, first
+        self._kept = kept  # where bad lines were dropped as the table was parsed: the records' places in the cut
         self._epoch = reader.epoch
 
-    def _where(self, i: int) -> tuple[int, int]:
+    def where(self, i: int) -> tuple[int, int]:
         """(shard, row) of item ``i``."""
-        at = self._first + i
+        at = self._first + (i if self._kept is None else self._kept[i])
         at = int(self._rows[at]) if self._rows is not None else at
         for shard, a, z in self._slices:
             if at < z - a:
@@ -185,10 +187,10 @@ class _Rows(Locator):
         raise IndexError(i)
 
     def reject(self, i: int, why: str) -> None:
-        self._reader.reject(*self._where(i), why)
+        self._reader.reject(*self.where(i), why)
 
     def origins(self, i: int) -> list[Origin]:
-        shard, row = self._where(i)
+        shard, row = self.where(i)
         reader = self._reader
         return [Origin(reader.path(shard), row, None, None, reader.stream, self._epoch, reader.key)]
 
@@ -219,8 +221,10 @@ class ReadIterator(StageIterator):
         self.exact = True  # one record per position (bar records skipped as bad)
         self._order: EpochOrder | None = None
         self._following: EpochOrder | None = None  # the next epoch's, once its first block is read ahead
-        self._last: tuple[Block, int] | None = None  # the block the last table was cut from, and where
+        # the block the last table was cut from, where, and which of its records were kept (None: all)
+        self._last: tuple[Block, int, list[int] | None] | None = None
         self._policy = Policy(plan.errors)
+        self._parse: Callable | None = None  # the format's parse of lines held unparsed (tidal.formats.jsonl)
         # files the index could not read: counted by one reader, so counts add up over readers
         self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
@@ -331,8 +335,42 @@ class ReadIterator(StageIterator):
             self.passed += run.base + nxt - pos
             if last > first:
                 self._kept += last - first
-                self._last = (block, first)
-                return cut(block.table, first, last)
+                table: Table
+                kept: list[int] | None = None
+                if isinstance(block.table, Unparsed):
+                    table, kept = self._parsed(block, first, last)
+                    if not table:
+                        continue
+                else:
+                    table = cut(block.table, first, last)
+                self._last = (block, first, kept)
+                return table
+
+    def _parsed(self, block: Block, first: int, last: int) -> tuple[list, list[int] | None]:
+        """The records of a block's lines held unparsed (:mod:`tidal.formats.jsonl`) ``first``
+        to ``last``, and which of them they are where some were bad: each bad one handed to the
+        policy (raised, or counted)."""
+        if self._parse is None:
+            self._parse = module(self._plan.shards.formats[block.slices[0][0]]).parse
+        held = block.table
+        assert isinstance(held, Unparsed)
+        records, bad, _ = self._parse(held["line"][first:last], self._plan.columns)
+        if not bad:
+            return records, None
+        where = _Rows(self, block, first, None)
+        for i, why in bad:
+            shard, row = where.where(i)
+            path = self.path(shard)
+            error = RecordError(why, path=path, line=int(held["number"][first + i]), row=row)
+            try:
+                self._policy.now(path, error, mine=True)  # raises unless it skips it
+            except BaseException:
+                self._blocks.close_file(shard)  # as a read that fails closes its file (OpenReaders.using)
+                raise
+            self._blocks.skipped += 1
+            self._kept -= 1
+        dropped = {i for i, _ in bad}
+        return records, [i for i in range(last - first) if i not in dropped]
 
     def locate(self) -> Locator:
         return _Rows(self, *self._last) if self._last is not None else Unlocated()

@@ -215,18 +215,31 @@ def _stamped(bundle: Bundle, it: Any, marks: list[Mark]) -> Bundle:
     return bundle
 
 
-def round_robin(fetch: Callable[[int], Bundle], workers: int, start: int) -> Iterator[tuple[int, Bundle, int]]:
+def round_robin(
+    fetch: Callable[[int], Bundle],
+    workers: int,
+    start: int,
+    counters: Callable[[int, dict], None] | None = None,
+) -> Iterator[tuple[int, Bundle, int]]:
     """``(worker, bundle, j)`` for every item, in worker order from ``start`` (0, 1, ..., again
     0), skipping workers that have ended. ``fetch(w)`` returns the next bundle of worker ``w``
     or, where bundles arrive in an order of their own, of any worker: each is filed under its
-    worker until that worker's turn."""
+    worker until that worker's turn. A reader's counters as it ended (records it skipped after
+    its last batch) come in an empty last bundle: they go with its last batch still queued, else
+    to ``counters(worker, stats)``."""
     queues: list[deque[tuple[Bundle, int]]] = [deque() for _ in range(workers)]
     ended = [False] * workers
     w = start
     while not all(ended[i] and not queues[i] for i in range(workers)):
         while not queues[w] and not ended[w]:
             bundle = fetch(w)
-            queues[bundle.worker].extend((bundle, j) for j in range(len(bundle)))
+            queue = queues[bundle.worker]
+            if not len(bundle) and bundle.stats:
+                if queue:
+                    queue[-1][0].stats = bundle.stats
+                elif counters is not None:
+                    counters(bundle.worker, bundle.stats)
+            queue.extend((bundle, j) for j in range(len(bundle)))
             ended[bundle.worker] |= bundle.end
         if queues[w]:
             bundle, j = queues[w].popleft()

@@ -148,8 +148,10 @@ class BlockReader:
         # too: the loop takes batches from the workers in turn, so one worker decoding its next
         # block in its own thread would hold up the loop, and every other worker with it
         self._threads = env.read_threads(world.num_workers) if threaded(plan.shards.formats) else 0
-        # JSON lines are held as their lines and parsed batch by batch (tidal.formats.jsonl)
-        self._unparsed = parsed_per_batch(plan.shards.formats)
+        # JSON lines: held as their lines, each batch parsed with this as it is cut (tidal.formats.jsonl);
+        # None: records are parsed as they are read
+        formats = plan.shards.formats
+        self.parse: Callable | None = module(formats[0]).parse if parsed_per_batch(formats) else None
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid it was made in, its threads)
         self._reading: list[Future[Piece]] = []  # reads in flight
         # the next block, being read (see _read_ahead): (pid, its slices, their reads, what they skipped)
@@ -286,7 +288,7 @@ class BlockReader:
 
     def _read_held(self, index: int, a: int, z: int) -> Piece:
         with self._readers.using(index) as reader:
-            return reader.unparsed(a, z) if self._unparsed else reader.read(a, z)  # type: ignore[attr-defined]
+            return reader.unparsed(a, z) if self.parse is not None else reader.read(a, z)  # type: ignore[attr-defined]
 
     def _read_ahead(self, order: EpochOrder, b: int) -> None:
         """Start reading the block this reader takes after block ``b - 1`` (block ``b``, the next

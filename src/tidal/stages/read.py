@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
-from tidal.formats import module
 from tidal.order import EpochOrder, Intervals, share
 from tidal.stages import Context, Declared, Locator, Origin, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
@@ -224,7 +223,6 @@ class ReadIterator(StageIterator):
         # the block the last table was cut from, where, and which of its records were kept (None: all)
         self._last: tuple[Block, int, list[int] | None] | None = None
         self._policy = Policy(plan.errors)
-        self._parse: Callable | None = None  # the format's parse of lines held unparsed (tidal.formats.jsonl)
         # files the index could not read: counted by one reader, so counts add up over readers
         self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
@@ -350,11 +348,9 @@ class ReadIterator(StageIterator):
         """The records of a block's lines held unparsed (:mod:`tidal.formats.jsonl`) ``first``
         to ``last``, and which of them they are where some were bad: each bad one handed to the
         policy (raised, or counted)."""
-        if self._parse is None:
-            self._parse = module(self._plan.shards.formats[block.slices[0][0]]).parse
-        held = block.table
-        assert isinstance(held, Unparsed)
-        records, bad, _ = self._parse(held["line"][first:last], self._plan.columns)
+        held, parse = block.table, self._blocks.parse
+        assert isinstance(held, Unparsed) and parse is not None
+        records, bad, _ = parse(held["line"][first:last], self._plan.columns)
         if not bad:
             return records, None
         where = _Rows(self, block, first, None)

@@ -85,16 +85,39 @@ class MissingDependency(TidalError, ImportError):
     """An optional package a feature needs is not installed; the message names the ``pip install``."""
 
 
-def needs(module: str, feature: str, extra: str) -> Any:
-    """``import module``, or a :class:`MissingDependency` saying which extra installs it."""
+def needs(module: str, feature: str, extra: str | None = None, *, package: str | None = None) -> Any:
+    """``import module``, or a :class:`MissingDependency` naming the ``pip install`` that adds it:
+    tidal's ``extra`` (``pip install 'tidal[torch]'``), or ``package`` where no extra holds it.
+
+    >>> yaml = needs("yaml", "a YAML config", "cli")
+    """
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise MissingDependency(
-            f"{feature} needs the {module} package, which is not installed: pip install 'tidal[{extra}]' ({exc})"
-        ) from None
+        raise missing(module, feature, exc, extra, package=package) from None
+
+
+def missing(
+    module: str, feature: str, exc: ImportError, extra: str | None = None, *, package: str | None = None
+) -> MissingDependency:
+    """The :class:`MissingDependency` for ``exc``, raised importing ``module`` for ``feature``;
+    for module-level imports, which cannot go through :func:`needs`::
+
+        try:
+            import torch
+        except ImportError as exc:
+            raise missing("torch", "tidal.DataLoader", exc, "torch") from None
+    """
+    top = module.split(".")[0]
+    install = f"pip install 'tidal[{extra}]'" if extra else f"pip install {package or top}"
+    gone = getattr(exc, "name", None)
+    if gone is None or gone == top or gone.startswith(top + "."):
+        why = "which is not installed"
+    else:  # installed, but something it imports is not (or is broken)
+        why = f"which is installed but does not import ({type(exc).__name__}: {exc})"
+    return MissingDependency(f"{feature} needs the {top} package, {why}: {install}")
 
 
 class ConfigError(TidalError, ValueError):

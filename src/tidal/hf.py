@@ -15,8 +15,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from tidal.errors import missing
+
+try:
+    from transformers import Trainer
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+except ImportError as exc:
+    raise missing("transformers", "tidal.hf", exc, "hf") from None
 
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, StateError

@@ -35,10 +35,16 @@ from collections.abc import Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
-import jax
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+
+from tidal.errors import missing
+
+try:
+    import jax
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+except ImportError as exc:
+    raise missing("jax", "tidal.jax", exc, package="jax") from None
 
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, TidalError

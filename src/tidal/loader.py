@@ -34,8 +34,13 @@ from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
-import torch
-import torch.utils.data
+from tidal.errors import missing
+
+try:
+    import torch
+    import torch.utils.data
+except ImportError as exc:
+    raise missing("torch", "tidal.DataLoader", exc, "torch") from None
 
 from tidal import env
 from tidal.dataset import Dataset

@@ -6,6 +6,8 @@ import argparse
 from importlib.util import find_spec
 from typing import Any
 
+from tidal.errors import MissingDependency
+
 
 def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -25,7 +27,7 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     missing = [name for name in ("torch", "tokenizers", "transformers", "tqdm") if find_spec(name) is None]
     if missing:
-        raise ImportError(f"needs {', '.join(missing)}: pip install 'tidal[demo]'")
+        raise MissingDependency(f"tidal demo needs {', '.join(missing)}, not installed: pip install 'tidal[demo]'")
     from tidal.demo import main
 
     return main(args.dir)

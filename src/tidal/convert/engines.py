@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tidal.errors import MissingDependency, StorageError
+from tidal.errors import StorageError, needs
 
 Done = Callable[[tuple[int, Any]], None]
 
@@ -84,10 +84,7 @@ def _task(job: Job, shard: int) -> tuple[int, Any]:
 
 def run_ray(job: Job, todo: list[int], workers: int, address: str | None, done: Done) -> None:
     """Run the shards ``todo`` as Ray tasks, at most ``workers`` at once when above 1."""
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependency("--engine ray needs Ray: pip install 'ray[data]'") from None
+    ray = needs("ray", "--engine ray", "ray")
     started = False
     if not ray.is_initialized():
         if address:  # a cluster: its own settings

@@ -33,7 +33,7 @@ import io
 import zlib
 from typing import IO, Any, cast
 
-from tidal.errors import FormatError, StorageError
+from tidal.errors import FormatError, StorageError, needs
 
 _CHUNK = 1 << 17  # compressed bytes fed to the zstd decoder at a time
 
@@ -61,20 +61,14 @@ def decompress(path: str, data: bytes, compression: str | None) -> bytes:
     if compression in ("gzip", "bz2", "zstd"):
         with open_stream(path, io.BytesIO(data), compression) as f:
             return f.read()
+    packages = {"brotli": "brotli", "snappy": "python-snappy"}
+    if compression not in packages:
+        raise FormatError(f"{path}: unsupported compression {compression!r}")
+    codec = needs(compression, f"reading {compression} files ({path})", package=packages[compression])
     try:
-        if compression == "brotli":
-            import brotli
-
-            return bytes(brotli.decompress(data))
-        if compression == "snappy":
-            import snappy
-
-            return bytes(snappy.decompress(data))
-    except ImportError as exc:
-        raise FormatError(f"{path}: {compression} needs a package: {exc}") from None
+        return bytes(codec.decompress(data))
     except Exception as exc:  # each codec raises its own error type for corrupt input
         raise FormatError(f"{path}: not valid {compression} data: {exc}") from None
-    raise FormatError(f"{path}: unsupported compression {compression!r}")
 
 
 class _Checked(io.RawIOBase):

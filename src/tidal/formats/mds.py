@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from tidal.errors import FormatError, RecordError, SchemaError
+from tidal.errors import FormatError, RecordError, SchemaError, needs
 from tidal.formats import Errors, Options, Piece, _json, bad, check_options, data_errors, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
@@ -136,7 +136,7 @@ def columns(info: dict) -> list[str]:
 
 
 def _image(encoding: str, data: bytes) -> Any:
-    from PIL import Image
+    Image = needs("PIL.Image", "the MDS format option decode_images=True", package="pillow")
 
     try:
         if encoding == "pil":

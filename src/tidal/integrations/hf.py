@@ -17,7 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import TrainerCallback
+from tidal.errors import missing
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:
+    raise missing("transformers", "tidal.integrations.hf", exc, "hf") from None
 
 from tidal.integrations import find_loader, prefixed
 

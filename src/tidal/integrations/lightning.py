@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.pytorch import Callback
+from tidal.errors import missing
+
+try:
+    from lightning.pytorch import Callback
+except ImportError as exc:
+    raise missing("lightning", "tidal.integrations.lightning", exc, package="lightning") from None
 
 from tidal.integrations import find_loader, prefixed
 

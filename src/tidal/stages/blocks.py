@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from tidal import closing, env
-from tidal.errors import FormatError, SchemaError, StateError, StorageError, TidalError
+from tidal.errors import FormatError, MissingDependency, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Located, Piece, Reader, data_errors, exhausted, module, parsed_per_batch, threaded
 from tidal.order import EpochOrder, Intervals
 from tidal.stages.policy import Policy
@@ -354,9 +354,10 @@ class BlockReader:
 
     def _unreadable(self, path: str, exc: Exception) -> TidalError:
         """What a reader raised, as a FormatError naming the file; re-raised as it is where no
-        policy may skip it (the network, a schema, the user's own stop, a record under "raise")."""
+        policy may skip it (the network, a schema, a package not installed, the user's own stop, a
+        record under "raise")."""
         policy = self._policy
-        if exc is policy.stopped or isinstance(exc, (SchemaError, StorageError, StateError)):
+        if exc is policy.stopped or isinstance(exc, (SchemaError, StorageError, StateError, MissingDependency)):
             raise exc
         short = exhausted(exc)
         if short is not None:  # the machine's fault, not the file's: never skipped

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tidal.errors import StorageError
+from tidal.errors import StorageError, needs
 from tidal.storage.retry import redact
 from tidal.storage.stats import Stats
 
@@ -628,10 +628,7 @@ def file_digest(path: Path, algorithm: str) -> str:
 def hasher(algorithm: str) -> Any:
     """A hash object: ``xxh3_128``, ``xxh64`` (xxhash, which the remote extras install) or any of hashlib's."""
     if algorithm.startswith("xxh"):
-        try:
-            import xxhash
-        except ImportError:
-            raise StorageError(f"shards hashed with {algorithm} need xxhash: pip install xxhash") from None
+        xxhash = needs("xxhash", f"checking shards hashed with {algorithm}", package="xxhash")
         return getattr(xxhash, algorithm)()
     return hashlib.new(algorithm)
 

@@ -37,7 +37,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
-from tidal.errors import SourceError, StorageError
+from tidal.errors import MissingDependency, SourceError, StorageError, missing
 from tidal.storage import logs
 from tidal.storage.config import Storage
 from tidal.storage.retry import Truncated, call, code_and_status, redact, transient
@@ -129,10 +129,21 @@ class Remote:
             logs.guard(self.storage.options)  # the client's libraries are imported now: their loggers exist
             return fs
         except ImportError as exc:
-            extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "hf": "hf"}
-            hint = f" (pip install 'tidal[{extra[self.protocol]}]')" if self.protocol in extra else ""
-            raise StorageError(
-                f"reading {self.protocol}:// URLs needs a package that is missing{hint}: {exc}"
+            if isinstance(exc, MissingDependency):
+                raise
+            extras = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
+            extras.update(abfss="azure", hf="hf", http="http", https="http")
+            extra = extras.get(self.protocol)
+            cause: BaseException | None = exc  # fsspec raises "Install s3fs to access S3" from the import's error
+            for _ in range(8):
+                if cause is None or getattr(cause, "name", None):
+                    break
+                cause = cause.__cause__ or cause.__context__
+            if isinstance(cause, ImportError) and cause.name:
+                raise missing(cause.name, f"reading {self.protocol}:// URLs", cause, extra) from None
+            hint = f": pip install 'tidal[{extra}]'" if extra else ""
+            raise MissingDependency(
+                f"reading {self.protocol}:// URLs needs a package that is not installed ({exc}){hint}"
             ) from None
         except ValueError as exc:
             raise StorageError(f"{self.protocol}://: unknown protocol or bad storage_options: {exc}") from None

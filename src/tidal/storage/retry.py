@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tidal.errors import ArgumentError, StorageError
+from tidal.errors import ArgumentError, MissingDependency, StorageError
 from tidal.storage.stats import Stats
 
 T = TypeVar("T")
@@ -217,7 +217,7 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
     while True:
         try:
             return fn()
-        except StorageError:
+        except (StorageError, MissingDependency):  # a package not installed: no try can help, nor is it the store's
             raise
         except Exception as exc:
             tries += 1

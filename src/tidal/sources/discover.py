@@ -8,13 +8,17 @@ holds the same shard list. Rank 0 says it started; a rank that hears nothing of 
 :data:`START_WAIT_S` (rank 0 builds another dataset, or none) lists for itself, which is only
 slower. Elsewhere, each process lists, and the processes of a machine index once, through the
 shard cache's lock (:mod:`tidal.sources.counting`).
+
+What crosses the store is plain data, as JSON (the shard list's columns, or an error's class
+name and message), never a pickle: a rank never runs what it reads there. An answer that does
+not read as one is not used: the rank lists for itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-import pickle
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +31,7 @@ from tidal.progress import Bar
 from tidal.sources.counting import index
 from tidal.sources.listing import listing
 from tidal.sources.published import Sources
-from tidal.sources.shards import Shards
+from tidal.sources.shards import NO_INFO, Shards
 from tidal.storage.config import Storage
 from tidal.storage.urls import is_remote
 
@@ -54,9 +58,14 @@ def open_shards(
         try:
             found = _open(src, format, errors, storage, follow_links, progress)
         except BaseException as exc:
-            store.set(f"{key}/error", pickle.dumps((type(exc).__name__, str(exc))))
+            store.set(f"{key}/error", json.dumps([type(exc).__name__, str(exc)]).encode())
             raise
-        store.set(f"{key}/shards", pickle.dumps((found[1], found[2])))
+        try:
+            listed = listing_json(found[1], found[2])
+        except (TypeError, ValueError) as exc:  # a scan that recorded what JSON cannot hold: each rank lists
+            log.warning("the dataset's listing is not plain data (%s): every rank lists it itself", exc)
+            listed = b"{}"
+        store.set(f"{key}/shards", listed)
         return found
     try:
         shards_indexed = _from_rank_0(store, key)
@@ -123,13 +132,57 @@ def _from_rank_0(store: Any, key: str) -> tuple[Shards, bool] | None:
     delay = 0.01
     while True:
         if store.check([f"{key}/shards"]):
-            shards, indexed = pickle.loads(store.get(f"{key}/shards"))
-            return shards, bool(indexed)
+            found = parse_listing(store.get(f"{key}/shards"))
+            if found is None:
+                log.warning("rank 0's listing of the dataset did not read as one: this rank lists it itself")
+            return found
         if store.check([f"{key}/error"]):
-            name, message = pickle.loads(store.get(f"{key}/error"))
+            name, message = _error(store.get(f"{key}/error"))
             kind = getattr(tidal_errors, name, None)
             if isinstance(kind, type) and issubclass(kind, TidalError):
                 raise kind(message)
             raise TidalError(f"rank 0 could not open the dataset: {name}: {message}")
         time.sleep(delay)
         delay = min(1.0, delay * 2)
+
+
+# -- what crosses the store: JSON ----------------------------------------------------------------
+
+
+def listing_json(shards: Shards, indexed: bool) -> bytes:
+    """The shard list as JSON: its columns (:attr:`Shards._ORDER`) and whether it came from a
+    published index. What a scan records of a file (``infos``) is JSON already: the index keeps it."""
+    columns: dict[str, Any] = {name: getattr(shards, name) for name in Shards._ORDER}
+    columns["rows"], columns["bytes"] = shards.rows.tolist(), shards.bytes.tolist()
+    columns["infos"] = [None if info is NO_INFO else info for info in shards.infos]
+    return json.dumps({"shards": columns, "indexed": bool(indexed)}, separators=(",", ":")).encode()
+
+
+def parse_listing(data: bytes) -> tuple[Shards, bool] | None:
+    """What :func:`listing_json` wrote, or None where ``data`` is not that."""
+    try:
+        found = json.loads(data)
+        columns = found["shards"]
+        if not isinstance(columns, dict) or set(columns) != set(Shards._ORDER):
+            return None
+        kinds = {"paths": (str,), "formats": (str,), "rows": (int,), "bytes": (int,), "infos": (dict, type(None))}
+        for name in Shards._ORDER:
+            values = columns[name]
+            allowed = kinds.get(name, (str, type(None)))
+            if not isinstance(values, list) or not all(type(v) in allowed for v in values):
+                return None
+        columns["infos"] = [info or NO_INFO for info in columns["infos"]]
+        return Shards(*(columns[name] for name in Shards._ORDER)), bool(found["indexed"])
+    except (ValueError, TypeError, KeyError):  # not JSON, or not of that shape (Shards checks the lengths)
+        return None
+
+
+def _error(data: bytes) -> tuple[str, str]:
+    """Rank 0's error: its class name and message, as ``open_shards`` wrote them."""
+    try:
+        name, message = json.loads(data)
+        if isinstance(name, str) and isinstance(message, str):
+            return name, message
+    except (ValueError, TypeError):
+        pass
+    return "error", data.decode(errors="replace")

@@ -103,6 +103,26 @@ def test_inspect_shows_formats_records_columns_samples_and_shards(data: Path) ->
     assert "... 5 more (--limit)" in out.stdout
 
 
+def test_inspect_shows_a_file_with_bad_lines_and_names_each(tmp_path: Path) -> None:
+    """Bad JSON lines do not stop it: the good records are shown, each bad line counted and named,
+    exit status 1; --errors raise stops at the first, as before."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"id": 0}\n{"id": 1\n{"id": 2}\nnot json\n{"id": 4}\n')
+    out = tidal_cli("inspect", str(path), "--samples", "3")
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    assert "  id                   int" in lines
+    assert [line for line in lines if line.startswith("  {")] == ["  {'id': 0}", "  {'id': 2}", "  {'id': 4}"]
+    assert "bad records: 2 skipped among the records read for the columns and samples (of mixed.jsonl):" in lines
+    named = [line for line in lines if line.startswith(f"  {path}, line ")]
+    assert [line.split(":")[0] for line in named] == [f"  {path}, line 2", f"  {path}, line 4"]
+    assert all("malformed JSON record" in line for line in named)
+    out = tidal_cli("inspect", str(path), "--limit", "1")
+    assert out.returncode == 1 and "  ... 1 more (--limit)" in out.stdout.splitlines()
+    err = one_line_error(tidal_cli("inspect", str(path), "--errors", "raise"), "inspect")
+    assert f"{path}, line 2: malformed JSON record" in err
+
+
 def _formats(root: Path) -> dict[str, tuple[Path, int, list[str]]]:
     """One small dataset per format: (path, records, words the column listing must show)."""
     import pyarrow.parquet as pq
@@ -356,7 +376,7 @@ def test_errors_are_one_line_naming_the_file(tmp_path: Path, data: Path) -> None
     assert "--ranks must be at least 1" in one_line_error(tidal_cli("plan", str(data), "--ranks", "0"), "plan")
     assert "--bandwidth 'fast'" in one_line_error(tidal_cli("plan", str(data), "--bandwidth", "fast"), "plan")
     (tmp_path / "bad.jsonl").write_text('{"id": 1}\n{oops\n')
-    err = one_line_error(tidal_cli("inspect", str(tmp_path / "bad.jsonl")), "inspect")
+    err = one_line_error(tidal_cli("inspect", str(tmp_path / "bad.jsonl"), "--errors", "raise"), "inspect")
     assert "bad.jsonl" in err and "line 2" in err
 
 

@@ -5,6 +5,11 @@ Arrow types where the format reads Arrow, else the types of the values), a few s
 and the shards one per line. Any format and any source ``tidal.Dataset`` reads, local or
 remote. With ``--config`` it shows the pipeline a config resolves to, its sources, and the
 first item the pipeline yields.
+
+Bad data does not stop it (``--errors skip``, the default): a file that cannot be read is
+listed as unreadable, and a bad record among those read for the columns and samples is
+skipped, counted and named (file, line or row, what is wrong); either makes the exit status 1.
+``--errors raise`` stops at the first, as a pipeline with ``errors="raise"`` would.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from tidal.commands import add_source, listed, open_dataset, size
-from tidal.errors import ArgumentError
+from tidal.errors import ArgumentError, TidalError
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
@@ -36,8 +41,31 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     add_source(p, what="inspect")
     p.add_argument("--samples", type=int, default=3, metavar="N", help="sample records to show (default 3; 0: none)")
-    p.add_argument("--limit", type=int, default=20, metavar="N", help="shards to list (default 20; the rest counted)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=20,
+        metavar="N",
+        help="shards and bad records to list (default 20; the rest counted)",
+    )
+    p.add_argument(
+        "--errors",
+        choices=("skip", "raise"),
+        default="skip",
+        help="a bad record among those read: skip it, counted and named, exit status 1 (default); or raise: stop "
+        "at the first (with --config: the config's own errors policy applies)",
+    )
     p.set_defaults(run=run)
+
+
+class Collected:
+    """An ``errors=`` policy that keeps each error and skips what it names: what ``inspect`` shows."""
+
+    def __init__(self) -> None:
+        self.errors: list[TidalError] = []
+
+    def __call__(self, error: TidalError) -> None:
+        self.errors.append(error)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.samples < 0 or args.limit < 0:
         raise ArgumentError("--samples and --limit cannot be negative")
-    ds = open_dataset(args, errors=listed if args.config is None else "raise")
     if args.config is not None:
-        return _pipeline(ds, args)
+        if args.errors != "skip":
+            raise ArgumentError("--errors: with --config the config's own errors policy applies; set it there")
+        return _pipeline(open_dataset(args), args)
+    ds = open_dataset(args, errors=listed if args.errors == "skip" else "raise")
     shards = ds.shards  # columns: read as such, never a Shard per file (a corpus may have a million)
     total = int(shards.bytes.sum())
     bad = [shards[i] for i, error in enumerate(shards.errors) if error is not None]
@@ -61,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
     readable = np.fromiter((e is None for e in shards.errors), dtype=bool, count=len(shards))
     counted = np.flatnonzero((shards.rows > 0) & readable)
     firsts = _first_of_each_format(shards, counted)
+    skipped = Collected() if args.errors == "skip" else None
     for i in firsts:
         shard = shards[i]
-        table = _first_table(ds, i, max(args.samples, 64))
+        table = _first_table(ds, i, max(args.samples, 64), skipped)
         of = f"{_kind(shard)} shards, " if len(firsts) > 1 else ""
         print(f"columns ({of}of the first records, in {os.path.basename(shard.path)}):")
         for name, kind in column_types(table).items():
@@ -83,7 +114,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"unreadable: {s.error}")
     if len(bad) > args.limit:
         print(f"unreadable: ... {len(bad) - args.limit} more")
-    return 1 if bad else 0
+    found = skipped.errors if skipped is not None else []
+    if found:
+        read = ", ".join(os.path.basename(shards[i].path) for i in firsts)
+        print(f"bad records: {len(found)} skipped among the records read for the columns and samples (of {read}):")
+        for error in found[: args.limit]:
+            print(f"  {error}")
+        if len(found) > args.limit:
+            print(f"  ... {len(found) - args.limit} more (--limit)")
+    return 1 if bad or found else 0
 
 
 def _pipeline(ds: Dataset, args: argparse.Namespace) -> int:
@@ -133,17 +172,19 @@ def _first_of_each_format(shards: Shards, counted: Any) -> list[int]:
     return list(seen.values())
 
 
-def _first_table(ds: Dataset, shard: int, n: int) -> Any:
+def _first_table(ds: Dataset, shard: int, n: int, skipped: Collected | None = None) -> Any:
     """Up to ``n`` records from the start of shard number ``shard``, as the source reads them (an
-    Arrow table where the format reads Arrow)."""
+    Arrow table where the format reads Arrow); bad records go to ``skipped`` (default: raised)."""
     from dataclasses import replace
 
     from tidal.stages import Context
     from tidal.stages.read import Read
     from tidal.world import World
 
+    errors: Any = skipped if skipped is not None else "raise"
+
     def only(read: Read) -> Read:
-        return Read(replace(read.plan, shards=read.plan.shards[shard : shard + 1], seed=None))
+        return Read(replace(read.plan, shards=read.plan.shards[shard : shard + 1], seed=None, errors=errors))
 
     it = ds.stage.with_source(only).open(Context(World()), None)
     try:

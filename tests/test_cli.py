@@ -260,6 +260,52 @@ def test_bench_packs_a_column_of_token_ids_named_with_column(tmp_path: Path) -> 
     assert ".pack(16" in out.stdout and "column='tokens'" in out.stdout and "tokens/s" in out.stdout
 
 
+def test_bench_of_a_finite_config_starts_each_pass_again_and_says_so(data: Path, tmp_path: Path) -> None:
+    """A config without repeat ends after 47 batches: the measurement goes on over new passes (as
+    an epoch loop calls iter() again), for the whole --seconds, and the report says it."""
+    config = tmp_path / "finite.json"
+    config.write_text(json.dumps({"source": {"src": str(data)}, "steps": [{"batch": {"size": 8}}]}))
+    out = tidal_cli("bench", "--config", str(config), "--no-torch", "--seconds", "1", "--step-time", "0.001")
+    assert out.returncode == 0, out.stderr
+    assert "the pipeline is finite: a pass gives 47 batches; it ended " in out.stdout
+    assert "a training step of 1 ms " in out.stdout
+
+
+IGNORED = [
+    # a flag that would not apply in that combination: refused, naming it
+    (["bench", "--config", "{config}", "--batch", "4"], "--batch: the pipeline comes from --config"),
+    (["bench", "--config", "{config}", "--column", "text"], "--column: the pipeline comes from --config"),
+    (["bench", "{data}", "--column", "text"], "--column names the text --tokenize reads or the token ids --pack packs"),
+    (["bench", "{data}", "--no-torch", "--workers", "2"], "--workers: with --no-torch"),
+    (["bench", "--config", "{config}", "--format", "jsonl"], "--format: the source comes from --config"),
+    (["inspect", "--config", "{config}", "--columns", "id"], "--columns: the source comes from --config"),
+    (["inspect", "--config", "{config}", "--storage-option", "anon=true"], "--storage-option: the source comes from"),
+    (["inspect", "--config", "{config}", "--cache-dir", "c"], "--cache-dir: the source comes from --config"),
+    (["inspect", "--config", "{config}", "--follow-links"], "--follow-links: the source comes from --config"),
+    (["inspect", "--config", "{config}", "--limit", "3"], "--limit: with --config the pipeline is shown"),
+    (["inspect", "--config", "{config}", "--errors", "skip"], "--errors: with --config the config's own errors"),
+    (["plan", "--config", "{config}", "--format", "jsonl"], "--format: the source comes from --config"),
+    (["index", "s3://bucket/data/", "--ray-address", "auto"], "ray_address is the cluster of engine='ray'"),
+    (["index", "s3://bucket/data/", "--engine", "ray"], "engine='ray' counts in Ray tasks: give workers=N"),
+    (["convert", "{data}", "{out}", "--ray-address", "auto"], "ray_address is the cluster of engine='ray'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), IGNORED, ids=[" ".join(a[:1] + a[2:]) for a, _ in IGNORED])
+def test_a_flag_that_would_be_ignored_is_an_error_naming_it(
+    argv: list[str], message: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tidal.cli import main
+
+    config = tmp_path / "p.json"
+    config.write_text(json.dumps({"source": {"src": str(data)}, "steps": [{"batch": {"size": 8}}]}))
+    names = {"config": str(config), "data": str(data), "out": str(tmp_path / "out")}
+    assert main([a.format(**names) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tidal {argv[0]}: ") and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_version_and_follow_links_on_the_command_line(tmp_path: Path) -> None:
     out = tidal_cli("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"tidal {tidal.__version__}"

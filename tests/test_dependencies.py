@@ -123,3 +123,20 @@ def test_errors_skip_does_not_skip_what_a_missing_package_cannot_read(
     monkeypatch.setitem(sys.modules, "PIL.Image", None)
     with pytest.raises(tidal.MissingDependency, match=r"decode_images=True needs the PIL package.*pip install pillow"):
         list(ds)
+
+
+def test_progress_asked_for_without_tqdm_names_the_extra(tmp_path: Path) -> None:
+    """--progress is a bar asked for: without tqdm to draw it, an error, not a silent nothing."""
+    root = make_shards(tmp_path / "data", [3])
+    script = (
+        "import sys\n"
+        "sys.modules['tqdm'] = None\n"
+        "from tidal.cli import main\n"
+        f"print(main(['inspect', {str(root)!r}]), main(['inspect', {str(root)!r}, '--progress']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.splitlines()[-1] == "0 2", out
+    assert (
+        "tidal inspect: --progress needs the tqdm package, which is not installed: pip install 'tidal[cli]'"
+        in out.stderr
+    )

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import ArgumentError
+from tidal.errors import ArgumentError, needs
 
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
@@ -71,6 +71,16 @@ def add_source(p: argparse.ArgumentParser, *, what: str) -> None:
         help="read files that symbolic links under a directory lead to outside it (tidal.Dataset's follow_links=True)",
     )
     add_progress(p)
+
+
+SOURCE_OPTIONS = (
+    ("--format", "format"),
+    ("--columns", "columns"),
+    ("--storage-option", "storage_option"),
+    ("--cache-dir", "cache_dir"),
+    ("--follow-links", "follow_links"),
+)
+"""The options of :func:`add_source` that describe the source: a config holds its own."""
 
 
 def add_progress(p: argparse.ArgumentParser) -> None:
@@ -131,6 +141,9 @@ def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
     if args.config is not None:
         if args.url is not None:
             raise ArgumentError("give URL or --config PIPELINE, not both")
+        given = [flag for flag, dest in SOURCE_OPTIONS if getattr(args, dest, None)]
+        if given:
+            raise ArgumentError(f"{', '.join(given)}: the source comes from --config PIPELINE; set it there")
         return Dataset.from_config(args.config)
     if args.url is None:
         raise ArgumentError("give a URL (a file, directory, glob or fsspec URL) or --config PIPELINE")
@@ -144,7 +157,11 @@ def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
 
 
 def progress_on(args: argparse.Namespace) -> bool:
+    """Whether to draw progress bars: ``--progress`` (tqdm must then be there to draw them), else
+    when stderr is a terminal and tqdm is installed."""
     flag = getattr(args, "progress", None)
+    if flag:
+        needs("tqdm", "--progress", "cli")
     return sys.stderr.isatty() if flag is None else bool(flag)
 
 

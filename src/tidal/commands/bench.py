@@ -14,6 +14,12 @@ is installed, else iterated in this process. Two phases, ``--seconds`` each:
 
 Counts are taken over windows of the run for the plot: in the terminal always, and as a PNG
 with ``--plot out.png``.
+
+A finite pipeline (a ``--config`` without ``repeat``) is started again where it ends, as a
+loop over epochs calls ``iter()`` again; the report says so, with the batches of a pass. An
+option that does not apply is an error, never ignored: with ``--config`` the pipeline's own
+steps (``--tokenize``, ``--column``, ``--pack``, ``--batch``, ``--shuffle``) and the source's
+options are the config's; ``--workers`` needs torch (not ``--no-torch``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidal.commands import add_source, open_dataset, progress_on, rate, seconds, size
 from tidal.commands.plot import Series, png, terminal
-from tidal.errors import ArgumentError
+from tidal.errors import ArgumentError, MissingDependency, TidalError
 from tidal.progress import Bar
 
 if TYPE_CHECKING:
@@ -60,9 +66,13 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--pack", type=int, default=None, metavar="SEQ_LEN", help="pack token ids into sequences of SEQ_LEN tokens"
     )
-    p.add_argument("--batch", type=int, default=8, metavar="N", help="records (or sequences) per batch (default 8)")
+    p.add_argument("--batch", type=int, default=None, metavar="N", help="records (or sequences) per batch (default 8)")
     p.add_argument(
-        "--workers", type=int, default=2, metavar="N", help="DataLoader workers (default 2; 0: in the loop's process)"
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="DataLoader workers (default 2; 0: in the loop's process); needs torch",
     )
     p.add_argument(
         "--shuffle", type=int, default=None, metavar="SEED", help="shuffle with this seed (default: in order)"
@@ -114,10 +124,12 @@ class Phase:
 def pipeline(args: argparse.Namespace) -> Dataset:
     """The dataset the arguments describe."""
     if args.config is not None:
-        given = [f"--{n}" for n in ("tokenize", "pack", "shuffle") if getattr(args, n) is not None]
+        given = [f"--{n}" for n in ("tokenize", "column", "pack", "batch", "shuffle") if getattr(args, n) is not None]
         if given:
             raise ArgumentError(f"{', '.join(given)}: the pipeline comes from --config; change it there")
         return open_dataset(args)
+    if args.column is not None and not (args.tokenize or args.pack):
+        raise ArgumentError("--column names the text --tokenize reads or the token ids --pack packs: give one of them")
     if args.tokenize and args.columns is None:
         args.columns = args.column or "text"  # read only the text
     ds = open_dataset(args)
@@ -128,43 +140,55 @@ def pipeline(args: argparse.Namespace) -> Dataset:
         ds = ds.tokenize(args.tokenize, column=args.column or "text")
     if args.pack:
         ds = ds.pack(args.pack) if args.tokenize or args.column is None else ds.pack(args.pack, column=args.column)
-    return ds.batch(args.batch)
+    return ds.batch(args.batch or 8)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.seconds <= 0 or args.batch < 1 or args.workers < 0:
+    if args.seconds <= 0 or (args.batch is not None and args.batch < 1) or (args.workers or 0) < 0:
         raise ArgumentError("--seconds and --batch must be positive and --workers at least 0")
     if args.step_time is not None and args.step_time < 0:
         raise ArgumentError("--step-time cannot be negative")
+    if args.no_torch and args.workers is not None:
+        raise ArgumentError("--workers: with --no-torch the dataset is iterated in this process, without workers")
+    torch = find_spec("torch") is not None and not args.no_torch
+    if args.workers is not None and not torch:
+        raise MissingDependency(
+            "--workers reads through tidal.DataLoader, which needs torch: pip install 'tidal[torch]'"
+        )
     began = time.perf_counter()
     ds = pipeline(args)
     opened = time.perf_counter() - began
-    torch = find_spec("torch") is not None and not args.no_torch
     print(f"pipeline: {ds!r}")
     if torch:
         import tidal
 
-        loader: Any = tidal.DataLoader(ds, num_workers=args.workers)
-        print(f"through: tidal.DataLoader, {args.workers} worker(s)")
+        workers = 2 if args.workers is None else args.workers
+        loader: Any = tidal.DataLoader(ds, num_workers=workers)
+        print(f"through: tidal.DataLoader, {workers} worker(s)")
     else:
         loader = ds
         why = "--no-torch" if args.no_torch else "torch is not installed"
         print(f"through: the dataset iterated in this process ({why})")
-    count = _counter(loader, ds.records_per_batch())
     bar = Bar(args.seconds * (2 if args.step_time is not None else 1), "bench", "s", progress_on(args))
     started = time.perf_counter()
-    batches = iter(loader)
+    batches = Batches(loader, ds.records_per_batch())
     try:
         next(batches)
         first_s = time.perf_counter() - started
-        full = _phase(batches, args.seconds, None, count, bar)
-        loop = _phase(batches, args.seconds, args.step_time, count, bar) if args.step_time is not None else None
+        full = _phase(batches, args.seconds, None, batches.records, bar)
+        loop = (
+            _phase(batches, args.seconds, args.step_time, batches.records, bar) if args.step_time is not None else None
+        )
     finally:
         bar.close()
-        closer = getattr(batches, "close", None) or getattr(batches, "_shutdown_workers", None)
-        if closer is not None:
-            closer()
+        batches.close()
     print(_report(ds, full, loop, first_s, opened, args))
+    if batches.passes:
+        print(
+            f"the pipeline is finite: a pass gives {batches.passes[0]:,} batches; it ended {len(batches.passes)} "
+            "time(s) and was started again with iter(), as a loop over epochs does (each start is in the figures; "
+            "add repeat to measure one endless pass)"
+        )
     plots = _plots(full, loop)
     for series in plots:
         print()
@@ -178,17 +202,51 @@ def run(args: argparse.Namespace) -> int:
 # -- counting ------------------------------------------------------------------------------------
 
 
-def _counter(loader: Any, per_batch: int | None) -> Any:
-    """A function of a batch count that says how many source records were consumed: the batches times
-    the records in each where that is fixed, else what the loader's state counts (None if nothing)."""
+class Batches:
+    """The loader's batches for as long as they are asked for: where a finite pipeline ends, a new
+    pass is started (``iter()`` again), and the batches of each pass that ended are kept in
+    :attr:`passes`. A pipeline that yields no batch at all is an error."""
 
-    def count(batches: int) -> int | None:
-        if per_batch is not None:
-            return batches * per_batch
-        state = loader.state_dict()  # tidal.DataLoader's, or the dataset's latest iterator's
+    def __init__(self, loader: Any, per_batch: int | None):
+        self.loader, self.per_batch = loader, per_batch
+        self.passes: list[int] = []  # batches of each pass that ended
+        self.taken = 0  # batches of the pass in progress
+        self._carried = 0  # source records of the passes that ended
+        self._it = iter(loader)
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            if not self.taken:
+                raise TidalError("the pipeline yields no batch: nothing to measure") from None
+            self._carried += self._state_records() or 0
+            self.passes.append(self.taken)
+            self.close()
+            self.taken, self._it = 0, iter(self.loader)
+            return next(self)
+        self.taken += 1
+        return batch
+
+    def records(self, batches: int) -> int | None:
+        """Source records consumed once ``batches`` batches are taken: the batches times the records
+        in each where that is fixed, else what the loader's state counts (None if nothing)."""
+        if self.per_batch is not None:
+            return batches * self.per_batch
+        now = self._state_records()
+        return None if now is None else self._carried + now
+
+    def _state_records(self) -> int | None:
+        state = self.loader.state_dict()  # tidal.DataLoader's, or the dataset's latest iterator's
         return _records_of(state) if state else None
 
-    return count
+    def close(self) -> None:
+        closer = getattr(self._it, "close", None) or getattr(self._it, "_shutdown_workers", None)
+        if closer is not None:
+            closer()
 
 
 def _records_of(state: dict) -> int | None:

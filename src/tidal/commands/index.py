@@ -33,10 +33,16 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--cache-dir", default=None, help="the shard cache, where counted files and progress are kept")
     p.add_argument(
-        "--workers", type=int, default=0, metavar="N", help="processes (or Ray tasks) counting at once (0: threads)"
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="processes (or Ray tasks) counting at once (0: threads; --engine ray: at least 1)",
     )
     p.add_argument("--engine", choices=("processes", "ray"), default="processes", help="where workers run")
-    p.add_argument("--ray-address", default=None, help="a Ray cluster's address (default: a local Ray)")
+    p.add_argument(
+        "--ray-address", default=None, help="with --engine ray, a Ray cluster's address (default: a local Ray)"
+    )
     add_progress(p)
     p.set_defaults(run=run)
 

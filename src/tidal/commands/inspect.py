@@ -44,16 +44,16 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--limit",
         type=int,
-        default=20,
+        default=None,
         metavar="N",
-        help="shards and bad records to list (default 20; the rest counted)",
+        help="shards and bad records to list (default 20; the rest counted); not with --config",
     )
     p.add_argument(
         "--errors",
         choices=("skip", "raise"),
-        default="skip",
+        default=None,
         help="a bad record among those read: skip it, counted and named, exit status 1 (default); or raise: stop "
-        "at the first (with --config: the config's own errors policy applies)",
+        "at the first (not with --config: the config's own errors policy applies)",
     )
     p.set_defaults(run=run)
 
@@ -71,12 +71,16 @@ class Collected:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    if args.samples < 0 or args.limit < 0:
+    if args.samples < 0 or (args.limit is not None and args.limit < 0):
         raise ArgumentError("--samples and --limit cannot be negative")
     if args.config is not None:
-        if args.errors != "skip":
+        if args.errors is not None:
             raise ArgumentError("--errors: with --config the config's own errors policy applies; set it there")
+        if args.limit is not None:
+            raise ArgumentError("--limit: with --config the pipeline is shown, not its shards")
         return _pipeline(open_dataset(args), args)
+    args.limit = 20 if args.limit is None else args.limit
+    args.errors = args.errors or "skip"
     ds = open_dataset(args, errors=listed if args.errors == "skip" else "raise")
     shards = ds.shards  # columns: read as such, never a Shard per file (a corpus may have a million)
     total = int(shards.bytes.sum())

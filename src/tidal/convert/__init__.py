@@ -112,6 +112,8 @@ def convert(
         raise ArgumentError(f"to must be 'parquet' or 'tokens', not {to!r}")
     if engine not in ("local", "ray"):
         raise ArgumentError(f"engine must be 'local' or 'ray', not {engine!r}")
+    if ray_address is not None and engine != "ray":
+        raise ArgumentError("ray_address is the cluster of engine='ray': give that engine too, or leave it out")
     if not isinstance(workers, int) or workers < 1:
         raise ArgumentError(f"workers must be at least 1, not {workers!r}")
     size = parse_size(shard_size)

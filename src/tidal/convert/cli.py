@@ -49,7 +49,9 @@ def add_arguments(p: Any) -> None:
     )
     p.add_argument("--engine", choices=("local", "ray"), default="local", help="local processes (default) or Ray tasks")
     p.add_argument(
-        "--ray-address", default=None, help="the Ray cluster to run on (ray.init(address=...)); default a local Ray"
+        "--ray-address",
+        default=None,
+        help="with --engine ray, the Ray cluster to run on (ray.init(address=...)); default a local Ray",
     )
     p.add_argument("--format", default=None, help="the source's format, where its file endings do not tell")
     p.add_argument(

@@ -91,6 +91,10 @@ def index(
         raise SourceError(f"{redact(src)}: tidal index takes a directory or a glob, not one file")
     if engine not in ("processes", "ray"):
         raise ArgumentError(f"engine must be 'processes' or 'ray', not {engine!r}")
+    if engine == "ray" and workers < 1:
+        raise ArgumentError("engine='ray' counts in Ray tasks: give workers=N (tasks at once), at least 1")
+    if ray_address is not None and engine != "ray":
+        raise ArgumentError("ray_address is the cluster of engine='ray': give that engine too, or leave it out")
     where_cached = os.fspath(cache_dir) if cache_dir is not None else None
     settings = storage_settings(storage, storage_options=storage_options, cache_dir=where_cached)
     found = listing(src, settings, format=format)  # afresh: never from a published index

@@ -13,7 +13,7 @@ from pathlib import Path
 import procs
 import pytest
 
-from tidal.errors import StorageError
+from tidal.errors import SourceError, StorageError
 from tidal.storage import cache as cache_module
 from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, footprint, hasher
 from tidal.storage.stats import Stats
@@ -140,6 +140,20 @@ def test_a_download_of_the_wrong_size_or_hash_is_never_kept(tmp_path: Path) -> N
     right = "sha256:" + hashlib.sha256(good).hexdigest()
     with cache.acquire(entry("a.jsonl", 1000, hash=right), filler(good)) as h:
         assert h.path.read_bytes() == good
+
+
+def test_a_store_that_says_not_found_is_not_a_cache_that_cannot_be_written(tmp_path: Path) -> None:
+    """The store's "not found" (a SourceError, which is also a FileNotFoundError) raised by a
+    download comes out as it is: it was taken for the disk ("cannot write to the shard cache")."""
+    cache = Cache(tmp_path, 10**6)
+
+    def fill(path: Path, algorithm: str | None) -> str | None:
+        raise SourceError("s3://bucket/a.jsonl: no such file or directory")
+
+    with pytest.raises(SourceError, match="no such file") as err:
+        cache.acquire(entry("a.jsonl", 100), fill)
+    assert "shard cache" not in str(err.value)
+    assert not list((tmp_path / "shards").glob("*.part")) and not list((tmp_path / "shards").glob("*.shard"))
 
 
 def test_a_cached_file_altered_on_disk_is_detected_and_fetched_again(tmp_path: Path) -> None:

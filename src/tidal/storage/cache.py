@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tidal.errors import StorageError, needs
+from tidal.errors import StorageError, TidalError, needs
 from tidal.storage.retry import redact
 from tidal.storage.stats import Stats
 
@@ -305,7 +305,7 @@ class Cache:
             except BaseException as exc:
                 for p in (f.meta, f.shard, f.part):
                     p.unlink(missing_ok=True)
-                if isinstance(exc, OSError) and not isinstance(exc, StorageError):  # the disk, not the network
+                if isinstance(exc, OSError) and not isinstance(exc, TidalError):  # the disk, not the store
                     raise StorageError(f"{url}: {_write_error(self.root, exc)}", url=url) from None
                 raise
             self._verified.add(f.shard.name)

@@ -124,3 +124,84 @@ def test_a_skip_of_tokenized_batches_is_exact(tmp_path: Path) -> None:
     resumed = tidal.DataLoader(ds, num_workers=2)
     resumed.load_state_dict(skip(json.loads(json.dumps(loader.state_dict())), 6))
     assert [b["id"].tolist() for b in resumed] == [b.tolist() for b in full[10:]]
+
+
+# -- merge: the states ranks saved each for itself ---------------------------------------------------
+
+
+def per_rank_states(ds: tidal.Dataset, monkeypatch: pytest.MonkeyPatch, steps: tuple[int, int]) -> list[dict]:
+    """What two ranks without torch.distributed (RANK/WORLD_SIZE only) save, each after its own steps."""
+    states = []
+    for rank, n in enumerate(steps):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = tidal.DataLoader(ds, num_workers=1)
+        for _ in itertools.islice(loader, n):
+            pass
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    return states
+
+
+def test_merge_on_the_command_line_makes_one_state_that_restores(
+    ds: tidal.Dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states = per_rank_states(ds, monkeypatch, (4, 4))
+    paths = []
+    for rank, state in enumerate(states):
+        assert state["progress"] is None and state["ranks"][1 - rank] is None  # each covers itself
+        paths.append(tmp_path / f"state-rank{rank}.json")
+        paths[-1].write_text(json.dumps(state))
+    out = cli("merge", str(paths[1]), str(paths[0]), "-o", str(tmp_path / "merged.json"))
+    assert out.returncode == 0, out.stderr
+    assert (
+        out.stdout.strip() == f"wrote {tmp_path / 'merged.json'}: the state of 2 rank(s) x 1 worker(s) from 2 file(s)"
+    )
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged == tidal.state.merge(states)
+    assert merged["ranks"] == [states[0]["ranks"][0], states[1]["ranks"][1]] and merged["progress"] is not None
+    assert "records used up in epochs in progress: 40" in cli("show", str(tmp_path / "merged.json")).stdout
+    assert tidal.state.merge([merged, merged]) == merged  # whole states (torch.distributed's): they agree
+
+
+def test_merge_names_the_files_that_do_not_fit(
+    ds: tidal.Dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    early, late = per_rank_states(ds, monkeypatch, (2, 2)), per_rank_states(ds, monkeypatch, (5, 5))
+    names = ["a.json", "b.json"]
+    with pytest.raises(tidal.StateError, match=r"^a\.json and b\.json both hold rank 0, at other positions"):
+        tidal.state.merge([early[0], late[0]], names=names)
+    with pytest.raises(tidal.StateError, match=r"^no state holds rank 1 of the 2 it was saved on"):
+        tidal.state.merge([early[0]])
+    other = tidal.Dataset(ds.sources()[""].shards.paths[:3]).batch(5)
+    foreign = per_rank_states(other, monkeypatch, (1, 1))[1]
+    with pytest.raises(tidal.StateError, match=r"^b\.json: its 'dataset' differs from a\.json's"):
+        tidal.state.merge([early[0], foreign], names=names)
+    (tmp_path / "a.json").write_text(json.dumps(early[0]))
+    out = cli("merge", str(tmp_path / "a.json"), str(tmp_path / "gone.json"), "-o", str(tmp_path / "m.json"))
+    assert out.returncode == 2 and out.stderr == f"tidal state: {tmp_path / 'gone.json'}: no such state file\n"
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_every_command_that_takes_a_state_or_config_names_a_missing_one(ds: tidal.Dataset, tmp_path: Path) -> None:
+    gone, config = tmp_path / "gone.json", tmp_path / "pipeline.json"
+    config.write_text(json.dumps(ds.to_config()))
+    for args in (
+        ["show", str(gone)],
+        ["skip", str(gone), "--batches", "1"],
+        ["verify", str(gone), "--config", str(config)],
+    ):
+        out = cli(*args)
+        assert out.returncode == 2 and out.stderr == f"tidal state: {gone}: no such state file\n", args
+    state = tmp_path / "state.json"
+    loader = tidal.DataLoader(ds, num_workers=0)
+    for _ in itertools.islice(loader, 2):
+        pass
+    state.write_text(json.dumps(loader.state_dict()))
+    missing = tmp_path / "missing.yaml"
+    out = cli("verify", str(state), "--config", str(missing))
+    assert out.returncode == 2 and out.stderr == f"tidal state: {missing}: no such config file\n"
+    for argv in (["trace", str(gone), "--config", str(config), "--steps", "1"],
+                 ["trace", str(state), "--config", str(missing), "--steps", "1"]):  # fmt: skip
+        out = subprocess.run([sys.executable, "-m", "tidal.cli", *argv], capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.startswith("tidal trace: ") and "no such" in out.stderr, out
+        assert str(gone if "gone" in argv[1] else missing) in out.stderr

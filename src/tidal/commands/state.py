@@ -1,5 +1,6 @@
-"""``tidal state show STATE``, ``tidal state skip STATE --batches N`` and ``tidal state verify
-STATE...``: read, edit and check saved loader states."""
+"""``tidal state show STATE``, ``tidal state skip STATE --batches N``, ``tidal state merge
+STATE... -o OUT`` and ``tidal state verify STATE...``: read, edit, combine and check saved loader
+states. Every error names the file it concerns and what is wrong with it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tidal.errors import StateError
 
@@ -47,6 +48,18 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     q.add_argument("-o", "--output", default=None, help="where to write the new state (default: STATE.skipN.json)")
     q.set_defaults(run=skip)
     q = actions.add_parser(
+        "merge",
+        parents=parents,
+        help="one state for all ranks from the states each rank saved for itself (no torch.distributed)",
+        description="Combine the states ranks saved each for itself (ranks from RANK/WORLD_SIZE, without "
+        "torch.distributed, hold only their own part) into one loader state that restores on any topology "
+        "(see tidal.state.merge). States gathered under torch.distributed are whole already: merging them checks "
+        "that they agree.",
+    )
+    q.add_argument("states", metavar="STATE", nargs="+", help="the ranks' states, saved as JSON, in any order")
+    q.add_argument("-o", "--output", required=True, help="where to write the merged state")
+    q.set_defaults(run=merge)
+    q = actions.add_parser(
         "verify",
         parents=parents,
         help="replay a run from its states: records read twice or never, per rank and epoch",
@@ -72,15 +85,11 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def read(path: str) -> dict:
-    """A state file's JSON; errors name the file (and where the JSON breaks)."""
-    try:
-        text = Path(path).read_text()
-    except UnicodeDecodeError as exc:
-        raise StateError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StateError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    """A state file's JSON object; errors name the file (missing, unreadable, not JSON and where
+    the JSON breaks, not an object)."""
+    from tidal.provenance import load_state
+
+    return cast(dict, load_state(Path(path)))
 
 
 def _named(path: str, exc: StateError) -> StateError:
@@ -108,12 +117,31 @@ def skip(args: argparse.Namespace) -> int:
         raise _named(args.state, exc) from None
     stem = args.state[: -len(".json")] if args.state.endswith(".json") else args.state
     out = args.output or f"{stem}.skip{args.batches}.json"
-    tmp = f"{out}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(new, f)
-    os.replace(tmp, out)
+    write(out, new)
     print(f"wrote {out}: continues {args.batches} batches per rank after {args.state}")
     return 0
+
+
+def merge(args: argparse.Namespace) -> int:
+    from tidal.state import merge as merged
+
+    new = merged([read(path) for path in args.states], names=list(args.states))
+    write(args.output, new)
+    ranks, workers = new["topology"]
+    print(f"wrote {args.output}: the state of {ranks} rank(s) x {workers} worker(s) from {len(args.states)} file(s)")
+    return 0
+
+
+def write(path: str, state: dict) -> None:
+    """``state`` as JSON at ``path``, whole or not at all (written beside it, then renamed)."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise StateError(f"{path}: the state cannot be written there: {exc.strerror or exc}") from None
 
 
 def verify(args: argparse.Namespace) -> int:

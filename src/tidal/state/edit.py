@@ -12,30 +12,57 @@ from tidal.state import keys as k
 from tidal.state.elastic import records_done
 from tidal.state.schema import check_layout, mix_draws, progress_of
 
+_SAME = (k.DATASET, k.TOPOLOGY, k.PASS, k.FIRST_EPOCH, k.ORIGIN, k.SOURCES, k.RECORDS_PER_BATCH)
+"""What every state merged must agree on: one run, one topology, the same pass."""
 
-def merge(states: list[dict]) -> dict:
-    """One state for all ranks from the per-rank states saved without ``torch.distributed``."""
+
+def merge(states: list[dict], names: list[str] | None = None) -> dict:
+    """One loader state for all ranks, from the states the ranks saved each for itself.
+
+    Without ``torch.distributed`` (ranks from ``RANK``/``WORLD_SIZE`` alone) a rank's
+    ``state_dict()`` holds its own rank state only (the others ``None``, no ``progress``); the
+    merged state holds every rank's and the ``progress`` they make together, so it restores on
+    any topology. Ranks may have saved after different numbers of batches (nothing keeps
+    uncoordinated ranks together): each continues from its own state on the same topology, and
+    another topology splits what is left. States gathered under ``torch.distributed`` are whole
+    already: merging them checks that they agree. ``names`` (the files, say) name the states in
+    errors: a rank given twice with different contents, a rank no state holds, or states of
+    other datasets, topologies or passes are each a :class:`~tidal.StateError`.
+    """
     if not states:
         raise StateError("no states to merge")
-    views = [check_layout(s, f"states[{i}]") for i, s in enumerate(states)]
+    names = names or [f"states[{i}]" for i in range(len(states))]
+    views = [check_layout(s, name) for s, name in zip(states, names, strict=True)]
     out = copy.deepcopy(states[0])
-    for i, view in enumerate(views[1:], 1):
-        for key in (k.DATASET, k.TOPOLOGY, k.PASS):
-            if view.get(key) != views[0].get(key):
+    given: dict[int, int] = {}  # rank: the state it was taken from
+    for i, view in enumerate(views):
+        for key in _SAME:
+            if view.data.get(key) != views[0].data.get(key):
                 raise StateError(
-                    f"states[{i}]['{key}'] differs from states[0]: different datasets, topologies or passes"
+                    f"{names[i]}: its {key!r} differs from {names[0]}'s: states of other datasets, topologies, "
+                    "passes or restores cannot be merged"
                 )
         if view.data.get(k.WEIGHTS) != views[0].data.get(k.WEIGHTS):
             raise StateError(
-                f"states[{i}]['{k.WEIGHTS}'] differs from states[0]: set_weights() set other mixture weights on "
+                f"{names[i]}: its {k.WEIGHTS!r} differ from {names[0]}'s: set_weights() set other mixture weights on "
                 "other ranks (call it on every rank at the same step with the same weights)"
             )
         for rank, entry in enumerate(view.entries(k.RANKS)):
-            if entry is not None:
-                out[k.RANKS][rank] = entry
+            if entry is None:
+                continue
+            if rank in given and out[k.RANKS][rank] != entry:
+                raise StateError(
+                    f"{names[given[rank]]} and {names[i]} both hold rank {rank}, at other positions: give each "
+                    "rank's state once (states of one step)"
+                )
+            given.setdefault(rank, i)
+            out[k.RANKS][rank] = entry
     missing = [i for i, r in enumerate(out[k.RANKS]) if r is None]
     if missing:
-        raise StateError(f"ranks {missing} are missing")
+        raise StateError(
+            f"no state holds rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of the "
+            f"{len(out[k.RANKS])} it was saved on: give every rank's state"
+        )
     out[k.PROGRESS] = progress_of(out)
     return out
 

@@ -479,3 +479,20 @@ def test_a_dataset_indexes_under_a_bar_when_asked(data: Path, capsys: pytest.Cap
     assert capsys.readouterr().err == ""
     config = {"source": {"src": str(data), "progress": True}, "steps": []}
     assert tidal.Dataset.from_config(config).num_records == ds.num_records
+
+
+# -- trace -----------------------------------------------------------------------------------------
+
+
+def test_trace_without_a_state_from_another_directory(data: Path, tmp_path: Path) -> None:
+    """A config to_config() wrote from relative paths, traced from another directory, with no
+    state: the batches from the start of the run, as a loader yields them."""
+    ds = tidal.Dataset(os.path.relpath(data)).shuffle(seed=5).batch(4)
+    (tmp_path / "pipeline.json").write_text(json.dumps(ds.to_config()))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tidal_cli("trace", "--config", str(tmp_path / "pipeline.json"), "--steps", "3", cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    assert [line["rows"] for line in lines] == tidal.trace(ds, None, steps=3)  # what test_trace checks against a loader

@@ -400,3 +400,34 @@ def test_a_field_added_to_a_stage_is_a_key_of_its_step(data: Path) -> None:
     source = tidal.Dataset(data / "web").stage
     assert Windowed(source, 4, window=3).config_step() == {"batch": {"size": 4, "drop_last": True, "window": 3}}
     assert Sized(source, 2, limit=5).to_config()["steps"] == [{"sized": {"size": 2, "drop_last": True, "limit": 5}}]
+
+
+def test_a_config_of_relative_paths_reads_the_same_data_from_any_directory(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """to_config() writes local paths absolute (the data the dataset read), so the config file
+    builds the same dataset wherever it is used from; URLs stay as they are."""
+    monkeypatch.chdir(data)
+    web = tidal.Dataset("web", columns=["id", "text"]).shuffle(seed=1)
+    mixed = tidal.mix(
+        {
+            "web": web.tokenize("tokenizer.json").pack(8),
+            "code": tidal.Dataset(["code/part-000.jsonl"]).tokenize("tokenizer.json").pack(8),
+        },
+        weights={"web": 0.5, "code": 0.5},
+    ).batch(2)
+    config = mixed.to_config()
+    streams = config["mix"]["streams"]
+    assert streams["web"]["source"]["src"] == str(data / "web")
+    assert streams["code"]["source"]["src"] == [str(data / "code" / "part-000.jsonl")]
+    assert streams["web"]["steps"][1]["tokenize"]["tokenizer"] == str(data / "tokenizer.json")
+    (tmp_path / "pipeline.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    again = tidal.Dataset.from_config(tmp_path / "pipeline.json")
+    assert again.fingerprint() == mixed.fingerprint()
+    for a, b in zip(itertools.islice(mixed, 4), itertools.islice(again, 4), strict=True):
+        assert same(a, b)
+    from tidal.config import absolute
+
+    remote = absolute({"source": {"src": ["s3://bucket/web/", "hf://datasets/org/x"]}})
+    assert remote["source"]["src"] == ["s3://bucket/web/", "hf://datasets/org/x"]

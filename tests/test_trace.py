@@ -473,3 +473,70 @@ def test_a_trace_follows_the_weights_set_on_the_loader(tmp_path: Path, workers: 
     traced = tidal.trace(ds, state, steps=5)
     assert [rebuild_ids(b) for b in traced] == [ids(b) for b in seen]
     assert {seg["stream"] for b in traced for row in b for seg in row} == {"code"}
+
+
+# -- no state, a loader's own batching, errors that say what differs -------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_no_state_traces_from_the_start_of_the_run(data: Path, workers: int) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=4, block_size=16).batch(5)
+    first = list(itertools.islice(tidal.DataLoader(ds, num_workers=workers), 6))
+    traced = tidal.trace(ds, None, steps=6, num_workers=workers)
+    assert [rebuild_ids(b) for b in traced] == [ids(b) for b in first]
+    assert tidal.trace(ds, None, steps=2, skip=4, num_workers=workers) == traced[4:]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_loader_that_batched_the_dataset_itself_is_traced_on_the_dataset(data: Path, drop_last: bool) -> None:
+    """DataLoader(ds, batch_size=4): the state's fixed batch size says how the loader batched ds."""
+    ds = tidal.Dataset(data).shuffle(seed=2, block_size=16)
+    loader = tidal.DataLoader(ds, batch_size=4, drop_last=drop_last, num_workers=2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [ids(b) for b in itertools.islice(it, 4)]
+    del it
+    assert [rebuild_ids(b) for b in tidal.trace(ds, state, steps=4)] == rest
+    assert [rebuild_ids(b) for b in tidal.trace(ds, state, steps=4, batch_size=4, drop_last=drop_last)] == rest
+
+
+def test_packed_batches_a_loader_made_are_traced_with_its_batch_size(data: Path) -> None:
+    """Packed batches hold no fixed number of records, so the state cannot say the batch size:
+    batch_size= does, and the error without it says so."""
+    ds = tidal.Dataset(data).shuffle(seed=1, block_size=16).tokenize(word_tokenizer(), eos="<eos>").pack(24)
+    loader = tidal.DataLoader(ds, batch_size=3, num_workers=0)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [token_rows(b) for b in itertools.islice(it, 2)]
+    del it
+    with pytest.raises(tidal.StateError, match=r"trace with batch_size=n"):
+        tidal.trace(ds, state, steps=2)
+    assert [rebuild_tokens(b) for b in tidal.trace(ds, state, steps=2, batch_size=3)] == rest
+    with pytest.raises(tidal.ArgumentError, match="already batched"):
+        tidal.trace(ds.batch(3), state, steps=2, batch_size=3)
+
+
+def test_a_foreign_state_says_what_differs_and_names_its_file(data: Path, tmp_path: Path) -> None:
+    ds = tidal.Dataset(data).shuffle(seed=2, block_size=16).batch(4)
+    state = saved_after(ds, 0, 2)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    fewer = tidal.Dataset(write_records(tmp_path / "fewer", shards=2)).shuffle(seed=2, block_size=16).batch(4)
+    with pytest.raises(
+        tidal.StateError, match=r"other files \(the state's sources: files: 120 records; this dataset's: files: 80"
+    ):
+        tidal.trace(fewer, state, steps=1)
+    with pytest.raises(tidal.StateError, match=r"its items hold 4 records each, this dataset's 5"):
+        tidal.trace(tidal.Dataset(data).shuffle(seed=2, block_size=16).batch(5), state, steps=1)
+    with pytest.raises(
+        tidal.StateError, match=rf"^{path}: this state was saved from a different dataset: .*another seed"
+    ):
+        tidal.trace(tidal.Dataset(data).shuffle(seed=3, block_size=16).batch(4), path, steps=1)
+    with pytest.raises(tidal.StateError, match=rf"^{tmp_path / 'nope.json'}: no such state file$"):
+        tidal.trace(ds, tmp_path / "nope.json", steps=1)
+    (tmp_path / "notes.json").write_text("[1, 2")
+    with pytest.raises(tidal.StateError, match=rf"^{tmp_path / 'notes.json'}: not JSON: .* at line 1, column 6$"):
+        tidal.trace(ds, tmp_path / "notes.json", steps=1)

@@ -57,7 +57,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tidal.errors import ConfigError, MissingDependency, TidalError, needs
+from tidal.errors import ConfigError, MissingDependency, SourceError, TidalError, needs
 from tidal.stages import Declared, Stage
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import ContinuousBatch
@@ -69,6 +69,7 @@ from tidal.stages.tokenize import Tokenize
 from tidal.stages.transform import Filter, Map, resolve
 from tidal.storage.config import Storage
 from tidal.storage.retry import Retry
+from tidal.storage.urls import is_remote, local_path
 
 VERSION = 1
 
@@ -139,8 +140,43 @@ def source_keys(make: Callable) -> tuple[str, ...]:
 
 def describe(stage: Stage) -> dict:
     """The chain down from ``stage`` (a dataset's :attr:`~tidal.Dataset.stage`) as a config (see
-    the module's docstring): plain, JSON-able data."""
-    return {"version": VERSION, **stage.to_config()}
+    the module's docstring): plain, JSON-able data, its local paths absolute (:func:`absolute`)."""
+    return absolute({"version": VERSION, **stage.to_config()})
+
+
+def absolute(section: dict) -> dict:
+    """``section`` (a config, or a mixture's stream) with every local path made absolute, as the
+    dataset read it (against the directory it was made in): a config written by ``to_config()``
+    reads the same files from any directory (``tidal trace``, ``tidal state verify`` run
+    elsewhere). URLs are left as they are. Changed in place, and returned."""
+    source = section.get("source")
+    if isinstance(source, dict):
+        if "src" in source:
+            source["src"] = (
+                [_absolute(s) for s in source["src"]] if isinstance(source["src"], list) else _absolute(source["src"])
+            )
+        if isinstance(source.get("cache_dir"), str):
+            source["cache_dir"] = _absolute(source["cache_dir"])
+        storage = source.get("storage")
+        if isinstance(storage, dict) and isinstance(storage.get("index_url"), str):
+            storage["index_url"] = _absolute(storage["index_url"])
+    mix = section.get("mix")
+    if isinstance(mix, dict) and isinstance(mix.get("streams"), dict):
+        for stream in mix["streams"].values():
+            if isinstance(stream, dict):
+                absolute(stream)
+    for step in section.get("steps") or []:
+        args = step.get("tokenize") if isinstance(step, dict) else None
+        if isinstance(args, dict) and isinstance(args.get("tokenizer"), str):
+            args["tokenizer"] = _absolute(args["tokenizer"])
+    return section
+
+
+def _absolute(path: Any) -> Any:
+    """A local path (``~`` and ``file://`` too) as an absolute one; a URL, or what is not a path, as it is."""
+    if not isinstance(path, str) or is_remote(path):
+        return path
+    return os.path.abspath(os.path.expanduser(local_path(path)))
 
 
 def load(config: Mapping | str | os.PathLike) -> dict:
@@ -150,10 +186,17 @@ def load(config: Mapping | str | os.PathLike) -> dict:
     if not isinstance(config, (str, os.PathLike)):
         raise ConfigError(f"a config is a dict or the path of a JSON, YAML or TOML file, not {type(config).__name__}")
     path = Path(config)
-    text = path.read_text()
     suffix = path.suffix.lower()
     if suffix not in (".json", ".yaml", ".yml", ".toml"):
         raise ConfigError(f"{path}: a config file ends in .json, .yaml, .yml or .toml")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: the config file cannot be read: {exc.strerror or exc}") from None
     try:
         if suffix == ".json":
             data = json.loads(text)

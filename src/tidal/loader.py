@@ -211,7 +211,10 @@ class DataLoader(torch.utils.data.DataLoader):
     >>> loader = tidal.DataLoader(ds, num_workers=4, device="cuda", prefetch_to_device=2)
 
     ``loader.stats()`` says what the loader did and how long the loop waited for it;
-    ``log_every=60`` also logs a line of it every 60 seconds (logger ``tidal``, level INFO).
+    ``log_every=S`` also logs a line of it at most once every ``S`` seconds of wall-clock time
+    (seconds, not batches or steps; ``log_every=60``: a line a minute), written as a batch is
+    handed to the loop, so a loop that waits longer logs less often (logger ``tidal``, level
+    INFO; None, the default: never).
 
     Other keyword arguments go to ``torch.utils.data.DataLoader``,
     ``multiprocessing_context="spawn"`` included.

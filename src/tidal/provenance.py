@@ -20,6 +20,11 @@ what those batches need (a restore re-reads at most one shuffle block, packing t
 documents it packs). Provenance rides alongside the items (:class:`tidal.stages.Origin`): a
 stage works it out only when opened with ``trace=True``, so a training loop pays nothing.
 
+A state saved by a loader that batched the dataset itself (``tidal.DataLoader(ds,
+batch_size=n)``) is traced on ``ds`` as it is: the state's fixed batch size (or ``batch_size=``,
+where its batches hold no fixed number of records, as packed ones) says how the loader batched
+it. No state (``None``) traces from the start of the run.
+
 A trace follows one rank and ends where that rank's pass over the loader ends (a finite
 dataset). Under ``torch.distributed`` with a pipeline whose ranks may end unevenly (filters,
 records skipped as bad), the loader ends every rank's pass with the first rank that runs out:
@@ -46,7 +51,7 @@ from tidal.world import World
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
 
-__all__ = ["Replay", "Segment", "Step", "load_state", "trace", "traced"]
+__all__ = ["Replay", "Segment", "Step", "as_saved", "load_state", "trace", "traced"]
 
 Segment = dict[str, Any]
 """``{"file": str, "row": int, "start": int | None, "end": int | None, "stream": str | None}``"""
@@ -90,6 +95,9 @@ class Replay:
     ):
         self.dataset = dataset
         if state is not None:
+            schema.check_layout(state)
+            if state.get(k.DATASET) != dataset.fingerprint():
+                raise StateError(_what_differs(dataset, state))
             view = schema.check(state, dataset.fingerprint(), schema.sources_of(dataset.sources()))
             saved_ranks, saved_workers = state[k.TOPOLOGY]
         else:
@@ -208,39 +216,118 @@ def _count(value: Any, what: str, lo: int = 1) -> int:
     return value
 
 
-def load_state(state: dict | str | Path) -> dict:
-    """A state given as a dict, or the path of its JSON file."""
-    if isinstance(state, dict):
+def load_state(state: dict | str | Path | None) -> dict | None:
+    """A state given as a dict, or the path of its JSON file; None stays None (the start of a run).
+    Every error names the file and what is wrong with it."""
+    if state is None or isinstance(state, dict):
         return state
     if isinstance(state, (str, Path)):
         path = Path(state)
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise StateError(f"{path}: not a state file that can be read: {exc}") from None
+            text = path.read_text()
+        except FileNotFoundError:
+            raise StateError(f"{path}: no such state file") from None
+        except UnicodeDecodeError as exc:
+            raise StateError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise StateError(f"{path}: the state file cannot be read: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StateError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
         if not isinstance(data, dict):
             raise StateError(f"{path}: not a tidal loader state (a JSON {type(data).__name__})")
         return data
     raise StateError(
-        f"expected a loader state (a dict, as state_dict() returns it) or its path, not {type(state).__name__}"
+        f"expected a loader state (a dict, as state_dict() returns it), its path, or None, not {type(state).__name__}"
     )
+
+
+def as_saved(dataset: Dataset, state: dict | None, batch_size: int | None = None, drop_last: bool = False) -> Dataset:
+    """The dataset ``state`` was saved from: ``dataset`` itself, or ``dataset`` batched as a loader
+    made with ``tidal.DataLoader(dataset, batch_size=n)`` batched it (``batch_size``, else the
+    state's fixed batch size, with ``drop_last`` either way). The fingerprint decides: where none
+    fits, ``dataset`` is returned, and the replay's check says what differs."""
+    if batch_size is not None:
+        if dataset.batched:
+            raise ArgumentError("batch_size=: the dataset is already batched (as DataLoader refuses it too)")
+        return dataset.batch(batch_size, drop_last=bool(drop_last))
+    if state is None or state.get(k.DATASET) == dataset.fingerprint() or dataset.batched:
+        return dataset
+    n = state.get(k.RECORDS_PER_BATCH)
+    if type(n) is int and n > 1:
+        for drop in (drop_last, not drop_last):
+            candidate = dataset.batch(n, drop_last=drop)
+            if candidate.fingerprint() == state.get(k.DATASET):
+                return candidate
+    return dataset
+
+
+def _what_differs(dataset: Dataset, state: dict) -> str:
+    """Why ``state`` is not a state of ``dataset``, as far as a state tells: its sources' record
+    counts and its batches' size are in it; the rest is a digest."""
+    head = "this state was saved from a different dataset"
+    saved, ours = state.get(k.SOURCES), schema.sources_of(dataset.sources())
+    if saved != ours:
+
+        def counts(sources: Any) -> str:
+            if not isinstance(sources, dict):
+                return repr(sources)
+            return ", ".join(
+                f"{key or 'files'}: {v.get(k.RECORDS) if isinstance(v, dict) else v!r} records"
+                for key, v in sources.items()
+            )
+
+        return f"{head}: other files (the state's sources: {counts(saved)}; this dataset's: {counts(ours)})"
+    n, m = state.get(k.RECORDS_PER_BATCH), dataset.records_per_batch()
+    if n != m and n is not None:
+        if dataset.batched or n == 1:
+            return (
+                f"{head}: its items hold {n} records each, this dataset's {m if m is not None else 'a varying number'}"
+            )
+        fingerprint = state.get(k.DATASET)
+        if any(dataset.batch(n, drop_last=drop).fingerprint() == fingerprint for drop in (False, True)):
+            return (
+                f"{head}: a loader made with tidal.DataLoader(ds, batch_size={n}) batched it: trace with "
+                f"batch_size={n} (in a config: loader: {{batch_size: {n}}})"
+            )
+        return (
+            f"{head}: its batches hold {n} records each, and batched so (as tidal.DataLoader(ds, batch_size={n}) "
+            "would) this one is still another: another seed, block size or step"
+        )
+    if not dataset.batched:
+        return (
+            f"{head}: the same files, but another chain; where a loader batched it (tidal.DataLoader(ds, "
+            "batch_size=n)), trace with batch_size=n (and drop_last= as the loader had it); else another seed, "
+            "block size or step"
+        )
+    return f"{head}: the same files, but another seed, block size or step"
 
 
 def traced(
     dataset: Dataset,
-    state: dict | str | Path,
+    state: dict | str | Path | None,
     steps: int,
     rank: int = 0,
     *,
     skip: int = 0,
     world_size: int | None = None,
     num_workers: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
 ) -> Iterator[Step]:
     """The :class:`Step` values :func:`trace` gives, as they are made (for ``tidal trace``)."""
     for value, what in ((steps, "steps"), (skip, "skip")):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ArgumentError(f"{what} must be a non-negative int, not {value!r}")
-    replay = Replay(dataset, load_state(state), rank, world_size, num_workers)
+    loaded = load_state(state)
+    dataset = as_saved(dataset, loaded, batch_size, drop_last)
+    try:
+        replay = Replay(dataset, loaded, rank, world_size, num_workers)
+    except StateError as exc:
+        if isinstance(state, (str, Path)):  # the file it came from, first
+            raise StateError(f"{state}: {exc}") from None
+        raise
     if steps == 0:
         return
     for i, step in enumerate(replay):
@@ -252,19 +339,25 @@ def traced(
 
 def trace(
     dataset: Dataset,
-    state: dict | str | Path,
+    state: dict | str | Path | None,
     steps: int,
     rank: int = 0,
     *,
     skip: int = 0,
     world_size: int | None = None,
     num_workers: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
 ) -> list[list[list[Segment]]]:
     """Where every row of the next ``steps`` batches a loader restored from ``state`` yields on
     ``rank`` came from: one list per batch, of rows, each a list of segments (see
-    :mod:`tidal.provenance`). ``skip``: start that many batches later. ``world_size`` and
-    ``num_workers``: the topology the state is restored on (default: the one it was saved on;
-    another gives what an elastic restore yields).
+    :mod:`tidal.provenance`). ``state`` None: from the start of the run (the topology is then
+    ``world_size`` ranks of ``num_workers`` workers, default 1 and 1). ``skip``: start that many
+    batches later. ``world_size`` and ``num_workers``: the topology the state is restored on
+    (default: the one it was saved on; another gives what an elastic restore yields).
+    ``batch_size`` and ``drop_last``: those of a loader that batched ``dataset`` itself
+    (``tidal.DataLoader(ds, batch_size=n)``), where the state does not say it (its batches hold
+    no fixed number of records: packed, filtered, mixed).
 
     >>> state = json.load(open("run/state-51200.json"))
     >>> batches = tidal.trace(ds, state, steps=100, rank=3)
@@ -275,7 +368,15 @@ def trace(
     A state that is not one, or not this dataset's, is a :class:`~tidal.StateError`; a pipeline
     whose provenance cannot be followed, a :class:`~tidal.Untraceable`.
     """
-    return [
-        step.segments()
-        for step in traced(dataset, state, steps, rank, skip=skip, world_size=world_size, num_workers=num_workers)
-    ]
+    steps_made = traced(
+        dataset,
+        state,
+        steps,
+        rank,
+        skip=skip,
+        world_size=world_size,
+        num_workers=num_workers,
+        batch_size=batch_size,
+        drop_last=drop_last,
+    )
+    return [step.segments() for step in steps_made]

@@ -269,3 +269,30 @@ def test_a_litdata_directory_on_s3_reads_as_the_local_one(
     assert [np.asarray(g[key]).tolist() for g in remote.shuffle(seed=4)] == [
         np.asarray(w[key]).tolist() for w in local.shuffle(seed=4)
     ]
+
+
+def test_a_litdata_directory_given_by_its_parent_reads_in_index_json_order_here_and_on_s3(
+    dirs: dict[str, Path], s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    # before: a directory holding a LitData directory listed its chunks in their names' order,
+    # here and on S3, not in index.json's (what the directory itself gives)
+    import shutil
+
+    copy = Path(shutil.copytree(dirs["plain"], tmp_path / "parent" / "optimized"))
+    index = json.loads((copy / "index.json").read_text())
+    index["chunks"].reverse()  # not the names' order: index.json decides
+    (copy / "index.json").write_text(json.dumps(index))
+    order = [c["filename"] for c in index["chunks"]]
+    assert order != sorted(order)
+    own = tidal.Dataset(copy)
+    local = tidal.Dataset(copy.parent)
+    url = s3.upload(copy.parent, bucket, "parent")
+    remote = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache")
+    for ds in (own, local, remote):
+        assert [Path(p).name for p in ds.shards.paths] == order
+    want = [r["n"] for r in own.shuffle(seed=1, block_size=4)]
+    assert [r["n"] for r in local.shuffle(seed=1, block_size=4)] == want
+    assert [r["n"] for r in remote.shuffle(seed=1, block_size=4)] == want
+    tidal.index(url, storage_options=s3.options(), cache_dir=tmp_path / "cache2")
+    indexed = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache3")
+    assert [r["n"] for r in indexed.shuffle(seed=1, block_size=4)] == want

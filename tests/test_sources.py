@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import make_shards
+from conftest import make_shards, write_parquet
 
 import tidal
 from tidal.sources import resolve_source, storage_settings
 from tidal.sources.indexing import published_at
 from tidal.storage import Storage
+
+pytest_plugins = ["s3_fixtures"]
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +71,67 @@ def test_a_datasets_object_in_memory_resolves_to_shards_of_its_table() -> None:
     found = resolve_source(table, columns=["text"])
     assert found.src == [] and found.format == "memory" and found.shards.total == 5
     assert found.columns is None  # the table holds just the columns asked for
+
+
+# -- what a directory holds that is not data ---------------------------------------------------------
+
+
+def documented(root: Path) -> Path:
+    """Parquet files, and what people keep beside them: a README, a license, the metadata of a
+    datasets Hub repo, checksums, a macOS .DS_Store, git's attributes."""
+    (root / "data").mkdir(parents=True)
+    write_parquet(root / "data" / "train-00000.parquet", [{"text": f"doc {i}"} for i in range(5)])
+    write_parquet(root / "data" / "train-00001.parquet", [{"text": f"doc {i}"} for i in range(5, 9)])
+    (root / "README.txt").write_text("This dataset holds parquet files.\nColumns: text.\n")
+    (root / "LICENSE-CC-BY.txt").write_text("Creative Commons Attribution 4.0\n")
+    (root / "dataset_infos.json").write_text('{"default": {"features": {"text": {"dtype": "string"}}}}\n')
+    (root / "SHA256SUMS").write_text("0123  data/train-00000.parquet\n")
+    (root / "data" / "train-00000.parquet.sha256").write_text("0123\n")
+    (root / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (root / ".gitattributes").write_text("*.parquet filter=lfs\n")
+    (root / "README.md").write_text("# stray\n")
+    return root
+
+
+def test_documents_beside_data_are_left_out_with_one_warning_naming_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # before: README.txt's lines came first ('This dataset holds parquet files.'), and a typo'd
+    # column was blamed on README.txt
+    root = documented(tmp_path / "stray")
+    with caplog.at_level("WARNING", logger="tidal"):
+        ds = tidal.Dataset(root)
+    assert [Path(p).name for p in ds.shards.paths] == ["train-00000.parquet", "train-00001.parquet"]
+    assert [r["text"] for r in ds] == [f"doc {i}" for i in range(9)]
+    warned = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(warned) == 1 and all(n in warned[0] for n in ("README.txt", "LICENSE-CC-BY.txt", "dataset_infos.json"))
+    with pytest.raises(tidal.SchemaError, match=r"train-00000.parquet: no column 'txet'"):
+        tidal.Dataset(root, columns=["txet"])
+    # named on its own, or by a glob, a document is read as asked
+    assert [r["text"] for r in tidal.Dataset(root / "README.txt")] == [
+        "This dataset holds parquet files.",
+        "Columns: text.",
+    ]
+    assert tidal.Dataset(str(root / "*.txt")).num_records == 3
+
+
+def test_a_directory_of_text_files_reads_every_one(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, lines in [("a.txt", "one\ntwo\n"), ("b.txt", "three\n"), ("README.txt", "a corpus of words\n")]:
+        (corpus / name).write_text(lines)
+    ds = tidal.Dataset(corpus)
+    assert sorted(r["text"] for r in ds) == ["a corpus of words", "one", "three", "two"]
+    (corpus / "dataset_info.json").write_text('{"description": "words"}\n')  # metadata: never records
+    assert tidal.Dataset(corpus).num_records == 4
+
+
+def test_documents_beside_data_on_s3_are_left_out_as_locally(s3: Any, bucket: str, tmp_path: Path) -> None:
+    root = documented(tmp_path / "stray")
+    url = s3.upload(root, bucket, "stray")
+    remote = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache")
+    assert [p.rsplit("/", 1)[1] for p in remote.shards.paths] == ["train-00000.parquet", "train-00001.parquet"]
+    assert list(remote.shuffle(seed=2)) == list(tidal.Dataset(root).shuffle(seed=2))
+    tidal.index(url, storage_options=s3.options(), cache_dir=tmp_path / "cache2")  # the published index too
+    indexed = tidal.Dataset(url, storage_options=s3.options(), cache_dir=tmp_path / "cache3")
+    assert indexed.shards.paths == remote.shards.paths

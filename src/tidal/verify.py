@@ -55,7 +55,11 @@ class Report:
     ``gaps``: ``{"rank", "state", "name", "batches", "records": [segment, ...]}``: records never
     read before state ``state`` (an index into the states in step order), named ``name``;
     ``breaks``: lines saying which state does not follow from the one before it on which rank;
-    ``skipped``: ``{"rank", "state", "name", "batches", "records"}``.
+    ``skipped``: ``{"rank", "state", "name", "batches", "records"}``;
+    ``left_out``: ``{"source", "epoch", "records", "of"}``: per epoch the replay went through
+    whole, the records no batch held by design, not an error: what ``drop_last`` drops (each
+    reader's last partial batch), the remainder of an epoch that does not split evenly over the
+    readers, records a filter drops or skipped as bad.
     """
 
     batches: int = 0  # replayed
@@ -64,6 +68,7 @@ class Report:
     gaps: list[dict] = field(default_factory=list)
     breaks: list[str] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
+    left_out: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -88,10 +93,18 @@ class Report:
                 f"skipped on purpose (tidal state skip): rank {s['rank']}, {s['batches']} batch(es) before "
                 f"{s['name']}, {len(s['records'])} record(s)"
             )
+        for d in self.left_out:
+            source = f"source {d['source'][:-1]}, " if d["source"] else ""
+            out.append(
+                f"in no batch ({source}epoch {d['epoch']}, finished): {d['records']} of its {d['of']} records "
+                "(drop_last's partial last batches, an uneven split over the readers, filters, records skipped as bad)"
+            )
         verdict = "exactly once" if self.ok else "NOT exactly once"
+        left_out = sum(d["records"] for d in self.left_out)
         out.append(
             f"{verdict}: {self.batches} batches replayed, {self.reads} records or document pieces read, {len(self.duplicates)} read "
             f"twice, {sum(len(g['records']) for g in self.gaps)} never read, {len(self.breaks)} break(s)"
+            + (f"; {left_out} in no batch of a finished epoch, by design (drop_last...)" if left_out else "")
         )
         return out
 
@@ -144,7 +157,32 @@ def verify(dataset: Dataset, states: Sequence[dict | str | Path], *, from_start:
             report.duplicates.append(
                 {"epoch": epoch, "file": file, "row": row, "stream": got[0]["stream"], "reads": got}
             )
+    report.left_out = _left_out(loaded[0] if start else None, loaded[-1], reads)
     return report
+
+
+def _left_out(first: dict | None, last: dict, reads: dict) -> list[dict]:
+    """Per source and epoch replayed whole (from ``first``, None: the start of the run, to the
+    epoch ``last`` is in), the records of the epoch that no batch held."""
+    held: dict[tuple[str, int], int] = defaultdict(int)
+    for source, epoch, _, _ in reads:  # each (source, epoch, file, row) once
+        held[(source, epoch)] += 1
+    out = []
+    for key, at in (last.get(k.PROGRESS) or {}).items():
+        if k.EPOCH not in at:
+            continue  # a mixture's draws: its streams' epochs are counted
+        start = 0
+        if first is not None:
+            begun = ((first.get(k.PROGRESS) or {}).get(key)) or {}
+            if k.EPOCH not in begun:
+                continue  # where the check started is unknown for this source
+            start = max([int(begun[k.EPOCH]) - 1, *map(int, begun.get(k.DONE) or {})]) + 1
+        total = last[k.SOURCES][key][k.RECORDS]
+        for epoch in range(start, int(at[k.EPOCH])):
+            missing = total - held[(key, epoch)]
+            if missing > 0:
+                out.append({"source": key, "epoch": epoch, "records": missing, "of": total})
+    return out
 
 
 def _overlap(got: list[dict]) -> bool:

@@ -27,11 +27,12 @@ cannot tell:
   it scans a shard), and naming it alone is an error that says to pass its directory (or
   ``format="jsonl"``).
 
-**Directories that list their files** (:func:`in_order`): a local LitData directory
-(``index.json``'s ``chunks``) and a ``datasets`` ``save_to_disk`` directory (``state.json``,
-:mod:`tidal.formats.hf_saved`) name their files in the order their writer wrote them, which
-sorting names does not give (``chunk-0-10.bin`` sorts before ``chunk-0-2.bin``): the dataset
-is given those files, in that order, before it is listed.
+**Directories that list their files** (:func:`in_order`, :func:`listed_in_order`): a LitData
+directory (``index.json``'s ``chunks``) and a ``datasets`` ``save_to_disk`` directory
+(``state.json``, :mod:`tidal.formats.hf_saved`) name their files in the order their writer
+wrote them, which sorting names does not give (``chunk-0-10.bin`` sorts before
+``chunk-0-2.bin``): such a directory gives those files, in that order, and not its JSON files,
+whether it is named itself or found in a directory searched whole, here or in a store.
 
 ``format=`` overrides all of this. Nothing is read to detect a format, so detection is the
 same for a local file and a remote one; only ``exists`` differs (a listing can answer it).
@@ -181,22 +182,42 @@ def _ordered(path: str | os.PathLike) -> tuple[list[str], list[str] | None] | No
     return None
 
 
-def listed_in_order(entry: str, found: Mapping[str, Any], read: Callable[[str], bytes | None]) -> dict[str, Any]:
-    """A remote directory's listing (``found``: URL to what the store said of it) as
-    :func:`in_order` makes a local one: where the directory lists its files in order in a
-    manifest (``save_to_disk``'s ``state.json``, LitData's ``index.json``: ``read(url)``, None
-    where there is none), those files in that order, and not the manifest's other files; else
-    as it is."""
-    root = entry.rstrip("/")
-    if "://" not in root or any(c in root.split("://", 1)[1] for c in "*?["):
+_MAY_LIST = ("/chunk-", "/state.json\0", "/dataset_dict.json\0", "/data-")  # LitData's, save_to_disk's files
+
+
+def listed_in_order(found: Mapping[str, Any], read: Callable[[str], bytes | None]) -> dict[str, Any]:
+    """A directory's listing (``found``: sorted paths or URLs, each with what the listing said of
+    it), searched whole, as :func:`in_order` makes a directory that lists its files: every
+    directory in it, at any depth, that lists its files in order in a manifest
+    (``save_to_disk``'s ``state.json``, LitData's ``index.json``: ``read(path)``, None where
+    there is none) gives those files in that order, where its first file sorts, and not the
+    manifest's other files (``state.json``, ``dataset_info.json``); the rest is as it is. So a
+    directory holding several saved datasets or LitData directories reads each as it reads on
+    its own, here or in a store. A ``DatasetDict`` in it is a SourceError naming its splits."""
+    if not found or not any(mark in "\0".join(found) + "\0" for mark in _MAY_LIST):
+        return dict(found)  # the common case at once: a listing may hold a million files
+    dirs: dict[str, set[str]] = {}
+    for path in found:
+        d, _, name = path.rpartition("/")
+        dirs.setdefault(d, set()).add(name)
+    ordered: dict[str, list[str]] = {}
+    for d, names in dirs.items():
+        for where in _ORDERED_DIRECTORIES:
+            got = importlib.import_module(where).listed(d, names, read)
+            if got is not None:
+                ordered[d] = got[0]
+                break
+    if not ordered:
         return dict(found)
-    prefix = root + "/"
-    names = {u[len(prefix) :] for u in found if u.startswith(prefix) and "/" not in u[len(prefix) :]}
-    for where in _ORDERED_DIRECTORIES:
-        got = importlib.import_module(where).listed(root, names, read)
-        if got is not None:
-            return {u: found[u] for u in got[0]}
-    return dict(found)
+    out: dict[str, Any] = {}
+    for path in found:
+        d = path.rpartition("/")[0]
+        files = ordered.get(d)
+        if files is None:
+            out[path] = found[path]
+        elif files[0] not in out:  # the directory's first file: all of them, in their order
+            out.update((f, found[f]) for f in files)
+    return out
 
 
 def _nothing(path: str) -> bool:
@@ -218,6 +239,21 @@ def known_ending(path: str, exists: Callable[[str], bool] | None = None) -> bool
     except FormatError:
         return False
     return True
+
+
+def by_ending(path: str) -> str | None:
+    """The format a path's ending names (after a compression ending), siblings not asked: the
+    kind of file it is, as people name files (``.bin``: ``"flat"``); None for an unknown ending.
+
+    >>> by_ending("web/README.txt.gz"), by_ending("chunk-0-1.bin")
+    ('text', 'flat')
+    """
+    stem = path.lower()
+    for ending in _COMPRESSIONS:
+        if stem.endswith(ending):
+            stem = stem[: -len(ending)]
+            break
+    return _ENDINGS.get(os.path.splitext(stem)[1])
 
 
 def detect(path: str, name: str | None = None, exists: Callable[[str], bool] | None = None) -> tuple[str, str | None]:

@@ -30,12 +30,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 from collections.abc import Callable, Collection
 from typing import Any
 
 from tidal.errors import SourceError
 
 STATE = "state.json"
+_DATA = re.compile(r"data-\d+-of-\d+\.arrow")  # the names save_to_disk gives its files
 INFO = "dataset_info.json"
 SPLITS = "dataset_dict.json"
 __all__ = ["files", "listed"]
@@ -70,14 +72,25 @@ def files(path: Any) -> tuple[list[str], list[str] | None] | None:  # see tidal.
 def listed(
     root: str, names: Collection[str], read: Callable[[str], bytes | None]
 ) -> tuple[list[str], list[str] | None] | None:
-    """:func:`files` of a remote directory, from its listing (``names``: the files directly in
-    it) and ``read(url)`` of its ``state.json``: None where it is not a ``save_to_disk`` one."""
+    """:func:`files` of a directory, from its listing (``names``: the files directly in it) and
+    ``read(path)`` of its ``state.json``: None where it is not a ``save_to_disk`` one. A listing
+    that leaves the JSON files out (an index published by ``tidal index`` lists only data files)
+    but holds ``data-NNNNN-of-NNNNN.arrow`` files has its ``state.json`` asked for."""
     if SPLITS in names:
         raise SourceError(_splits_message(root, read))
-    if STATE not in names or INFO not in names:
-        return None
     state = posixpath.join(root, STATE)
-    files, shown = _state(state, read(state) or b"")
+    if STATE in names and INFO in names:
+        files, shown = _state(state, read(state) or b"")
+    elif STATE not in names and INFO not in names and any(_DATA.fullmatch(n) for n in names):
+        found = read(state)
+        if found is None:
+            return None
+        try:
+            files, shown = _state(state, found)
+        except SourceError:  # a state.json of something else
+            return None
+    else:
+        return None
     for name in files:
         if name not in names:
             raise SourceError(f"{state}: lists {name}, which is not in {root}")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 from tidal.errors import SourceError, StorageError
 from tidal.formats import known_ending, listed_in_order
+from tidal.sources.documents import without_documents
 from tidal.sources.globs import glob_pattern
 from tidal.sources.published import Sources, listed, location, read
 from tidal.storage.config import Storage
@@ -55,9 +56,15 @@ def listing(
         if proto is not None:
             if proto not in remotes:
                 remotes[proto] = Remote(proto, storage or Storage())
-            found = dict(_remote_files(remotes[proto], os.fspath(entry), storage or Storage(), format, sources))
+            remote = remotes[proto]
+            found = dict(_remote_files(remote, os.fspath(entry), storage or Storage(), format, sources))
+            whole = _searched_whole(os.fspath(entry), found)
+            manifest: Callable[[str], bytes | None] = partial(_manifest, remote)
         else:
-            found = dict.fromkeys(_local_files(entry, follow_links))
+            paths, whole = _local_files(entry, follow_links)
+            found, manifest = dict.fromkeys(paths), _read_local
+        if whole:  # a directory searched whole: its datasets' files in their order, and no documents
+            found = without_documents(listed_in_order(found, manifest))
         for f in found:
             if f in files:
                 raise SourceError(f"{f} is named twice in the source")
@@ -79,8 +86,14 @@ def _remote_files(
         if published is not None:
             files = listed(published, entry, format, known_ending)
             if files:
-                return listed_in_order(entry, files, partial(_manifest, remote))
-    return listed_in_order(entry, remote.expand(entry, keep=known_ending), partial(_manifest, remote))
+                return files
+    return remote.expand(entry, keep=known_ending)
+
+
+def _searched_whole(entry: str, found: dict[str, FileStat | None]) -> bool:
+    """Whether a remote entry is a directory searched whole: not a glob, nor the one file it names."""
+    where = entry.split("://", 1)[1].split("?", 1)[0]
+    return not glob.has_magic(where) and list(found) != [entry]
 
 
 def _manifest(remote: Remote, url: str) -> bytes | None:
@@ -115,7 +128,19 @@ def remote_root(entry: str) -> str | None:
     return entry.rstrip("/")
 
 
-def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
+def _read_local(path: str) -> bytes | None:
+    """A local manifest's bytes (:func:`tidal.formats.listed_in_order`); None where there is none."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+
+
+def _local_files(entry: str | os.PathLike, follow_links: bool) -> tuple[list[str], bool]:
+    """The files a local entry names, and whether it is a directory searched whole."""
     path = os.path.abspath(os.path.expanduser(local_path(entry)))
     if not os.path.exists(path) and glob.has_magic(path):  # a name with [ ] that exists is a name
         root = _glob_root(path)
@@ -137,11 +162,12 @@ def _local_files(entry: str | os.PathLike, follow_links: bool) -> list[str]:
         found = _directory_files(path, follow_links)
         if not found:
             raise SourceError(f"{entry}: the directory holds no file tidal can read")
+        return found, True
     elif os.path.isfile(path):
         found = [path]
     else:
         raise SourceError(f"{entry}: no such file or directory")
-    return found
+    return found, False
 
 
 class _Reals:

@@ -131,11 +131,20 @@ def test_an_error_remembered_by_another_tidal_is_scanned_again(tmp_path: Path) -
     ds = tidal.Dataset(root, errors="skip")
     assert ds.num_records == 7 and ds.shards[1].error is None
     index = json.loads((root / INDEX_NAME).read_text())
+    index["error"] = [None, f"{root / 'part-001.jsonl'}: not JSON (another build of this version)"]
+    index["scanner"] = [None, f"tidal {tidal.__version__}"]  # as tidal said before: its version alone
+    index.pop("rows")
+    (root / INDEX_NAME).write_text(json.dumps(index))
+    ds = tidal.Dataset(root, errors="skip")  # the same version string, other readers: scanned again
+    assert ds.num_records == 7 and ds.shards[1].error is None
+    index = json.loads((root / INDEX_NAME).read_text())
     index["error"] = [None, f"{root / 'part-001.jsonl'}: not JSON (this tidal)"]
     index["scanner"] = [None, scanner()]
+    index.pop("rows")
     (root / INDEX_NAME).write_text(json.dumps(index))
     ds = tidal.Dataset(root, errors="skip")  # trusted: the file is not read again
     assert ds.num_records == 3 and "this tidal" in (ds.shards[1].error or "")
+    assert scanner().startswith(f"tidal {tidal.__version__} (readers ") and "pyarrow" in scanner()
     (root / "part-002.parquet").write_bytes(b"PAR1 not a footer")
     tidal.Dataset(root, errors="skip")
     index = json.loads((root / INDEX_NAME).read_text())

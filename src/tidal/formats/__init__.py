@@ -114,6 +114,9 @@ _ENDINGS = {
     ".npy": "flat",
     ".bin": "flat",
 }
+# The version of each format's scan, where it is not 1: bumped when what a scan records changes
+# (a new fact, another type), so that index entries an older scan made are scanned again.
+_SCANS = {"csv": 2}  # 2: one type per column over the dataset's files, leading zeros kept as text
 # Endings that several formats use: who may claim a file before the ending's own format.
 _CLAIMS = {".bin": ("megatron", "litdata")}
 _MANIFEST = "index.json"  # MDS, LitData and tidal token directories describe their shards in it
@@ -222,6 +225,11 @@ def listed_in_order(found: Mapping[str, Any], read: Callable[[str], bytes | None
 
 def _nothing(path: str) -> bool:
     return False
+
+
+def scan_version(name: str) -> int:
+    """The version of format ``name``'s scan: an index entry made by another is scanned again."""
+    return _SCANS.get(name, 1)
 
 
 def formats() -> list[str]:

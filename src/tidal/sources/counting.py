@@ -20,7 +20,9 @@ a function that returns) the file counts 0 records, is logged (logger ``tidal``,
 ``"skip"``) and keeps its error on its :class:`Shard`, where ``stats()`` and ``tidal
 inspect`` find it. The index never counts records that cannot be read back. A dataset none
 of whose files can be read is an error under every policy. An error is remembered with the
-tidal version that found it (``"scanner"``): another version scans the file again.
+code that found it (``"scanner"``: the tidal, its readers' code, pyarrow), and other code
+scans the file again; a count, with the version of its format's scan where it is not 1
+(``"scan"``, :func:`tidal.formats.scan_version`), and another version scans the file again.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tidal.errors import FormatError, StorageError
-from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module
+from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module, scan_version
 from tidal.sources.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save, scanner
 from tidal.sources.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
 from tidal.sources.published import read as read_published
@@ -416,14 +418,33 @@ def _warn_counting(
 
 
 def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
+    """Whether an entry is what counting the remote file as it is now would find: the file
+    unchanged, the entry one this tidal trusts, and, for a format that reads a file beside its
+    shards (a Megatron ``.idx``), what that file was (an entry of a local scan lacks it: a local
+    directory's index served over HTTP beside the data)."""
     return (
         entry is not None
         and entry.get("bytes") == stat.size
         and entry.get("version") == stat.version
         and holds_together(
-            entry.get("rows"), entry.get("format"), entry.get("error"), entry.get("info"), entry.get("scanner")
+            entry.get("rows"),
+            entry.get("format"),
+            entry.get("error"),
+            entry.get("info"),
+            entry.get("scanner"),
+            entry.get("scan"),
         )
+        and (entry.get("error") is not None or _beside_known(entry))
     )
+
+
+def _beside_known(entry: dict) -> bool:
+    """Whether a counted entry holds what a reader of a remote shard needs of the file its format
+    reads beside it (its size and version), where its format reads one."""
+    if not hasattr(module(entry["format"]), "beside"):
+        return True
+    near = (entry.get("info") or {}).get("beside")
+    return isinstance(near, dict) and type(near.get("bytes")) is int
 
 
 def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> dict:
@@ -525,10 +546,14 @@ def _scan(path: str, format: str | None, size: int, mtime_ns: int) -> dict:
 
 
 def _found(entry: dict, info: dict) -> dict:
-    """The entry of a file a scan counted: its rows, and the rest of what the scan found."""
+    """The entry of a file a scan counted: its rows, the rest of what the scan found, and the
+    version of its format's scan where it is not 1."""
     entry["rows"] = info.pop("rows")
     if info:
         entry["info"] = info
+    version = scan_version(entry["format"])
+    if version != 1:
+        entry["scan"] = version
     return entry
 
 

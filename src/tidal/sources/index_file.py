@@ -22,7 +22,7 @@ import numpy as np
 
 from tidal import env
 from tidal.errors import StorageError
-from tidal.formats import formats
+from tidal.formats import formats, scan_version
 from tidal.storage.cache import mkdirs
 
 INDEX_NAME = ".tidal-index.json"
@@ -95,7 +95,7 @@ def save(where: Path, entries: Entries, data: bytes | None = None) -> None:
         raise StorageError(f"cannot write the shard index {where}: {exc}") from exc
 
 
-_FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error", "scanner")
+_FIELDS = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "error", "scanner", "scan")
 _STORED = {"version": "file_version"}  # a field's name in the file, where another name is taken
 
 
@@ -172,7 +172,7 @@ class Entries:
     def usable(self) -> np.ndarray:
         """Which entries hold together (and one False at the end, for position -1)."""
         c = self.columns
-        ok = map(holds_together, c["rows"], c["format"], c["error"], c["info"], c["scanner"])
+        ok = map(holds_together, c["rows"], c["format"], c["error"], c["info"], c["scanner"], c["scan"])
         return np.fromiter([*ok, False], dtype=bool, count=len(self.keys) + 1)
 
     def to_json(self, *, complete: bool = False) -> bytes:
@@ -186,19 +186,32 @@ class Entries:
 
 @functools.cache
 def scanner() -> str:
-    """What an entry's ``"scanner"`` says of an error this tidal found: its version. An error
-    found by another version (or an index that does not say) is scanned again, since the
-    readers may have changed; what a scan counted holds whoever counted it."""
+    """What an entry's ``"scanner"`` says of an error this tidal found: the tidal, the code of its
+    readers and the pyarrow that found it. An error found by other code (another release, another
+    build of the same version, another pyarrow; or an index that does not say) is scanned again,
+    since the fix may be in it; what a scan counted is kept while its format's scan version holds
+    (:func:`holds_together`)."""
+    import pyarrow
+
     import tidal
+    import tidal.formats
 
-    return f"tidal {tidal.__version__}"
+    code = hashlib.sha1()
+    where = Path(tidal.formats.__file__).parent
+    for path in sorted(where.glob("*.py")):
+        code.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"tidal {tidal.__version__} (readers {code.hexdigest()[:12]}, pyarrow {pyarrow.__version__})"
 
 
-def holds_together(rows: Any, format: Any, error: Any, info: Any, found_by: Any = None) -> bool:
-    """Whether an entry's facts can be trusted as what a scan found (else the file is scanned again)."""
+def holds_together(rows: Any, format: Any, error: Any, info: Any, found_by: Any = None, scan: Any = None) -> bool:
+    """Whether an entry's facts can be trusted as what a scan found (else the file is scanned
+    again): an error found by this very code (``found_by``, see :func:`scanner`), or a count made
+    by the scan of its format this tidal makes (``scan``: its version, absent for 1)."""
     if error is not None:
         return isinstance(error, str) and found_by == scanner()
-    return type(rows) is int and rows >= 0 and format in _KNOWN and (info is None or isinstance(info, dict))
+    if not (type(rows) is int and rows >= 0 and format in _KNOWN and (info is None or isinstance(info, dict))):
+        return False
+    return (1 if scan is None else scan) == scan_version(format) and (scan is None or type(scan) is int)
 
 
 _KNOWN = frozenset(formats())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.errors import ArgumentError, SourceError, StorageError
+from tidal.formats import scan_version
 from tidal.sources import counting, storage_settings
 from tidal.sources.counting import count_remote, record_counts, uncounted
 from tidal.sources.index_file import Entries, scanner
@@ -173,6 +174,8 @@ def _entry(shard: Any) -> dict:
         entry["hash"] = shard.hash
     if shard.info:
         entry["info"] = shard.info
+    if scan_version(shard.format) != 1:  # every shard index() returns was counted by this tidal's scans
+        entry["scan"] = scan_version(shard.format)
     if shard.error is not None:
         entry["error"] = shard.error
         entry["scanner"] = scanner()  # found by this tidal: another version scans the file again

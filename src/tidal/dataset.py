@@ -47,7 +47,8 @@ class Dataset:
     and its siblings; ``format`` forces one (see :func:`tidal.formats.formats`).
     ``format_options`` go to the readers: ``allow_pickle`` (MDS and LitData ``pkl`` columns,
     refused by default: unpickling runs code from the data), ``decode_images`` (MDS image
-    columns as PIL images), ``dtype`` (headerless token ``.bin`` files; default uint16).
+    columns as PIL images), ``dtype`` (headerless token ``.bin`` files; default uint16),
+    ``column_types`` (CSV columns' types, declared: ``{"zip": "string"}``; see docs/formats.md).
 
     ``errors`` is what happens to bad data: a malformed record, a file that is truncated or
     corrupt (every compressed byte is checked: gzip and bz2 CRCs, zstd frames and
@@ -122,7 +123,14 @@ class Dataset:
             storage, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, index_url=index_url
         )
         found = resolve_source(
-            src, format, columns, errors, storage=settings, follow_links=follow_links, progress=progress
+            src,
+            format,
+            columns,
+            errors,
+            storage=settings,
+            follow_links=follow_links,
+            progress=progress,
+            options=options,
         )
         shards = found.shards
         plan = ReadPlan(

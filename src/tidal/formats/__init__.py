@@ -126,6 +126,7 @@ _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", 
 # Every option a format reads, and which formats read it (see each module's docstring).
 OPTIONS = {
     "allow_pickle": ("mds", "litdata"),  # unpickle `pkl`/`pickle` columns: runs code from the data
+    "column_types": ("csv",),  # {"zip": "string"}: a column's type, declared (pyarrow's type names)
     "decode_images": ("mds",),  # jpeg/png/pil columns as PIL images instead of their bytes
     "dtype": ("flat",),  # the token type of a headerless .bin (default uint16, as nanoGPT writes)
 }
@@ -340,6 +341,38 @@ def check_schemas(shards: Any) -> None:
             )
 
 
+def agree(shards: Any, options: Options | None = None) -> Any:
+    """``shards`` with the scans of each format that decides its columns' types over a dataset's
+    files (a module's ``agree(infos, options) -> infos``: CSV) made to say the dataset's types,
+    so that a column is of one type whichever file a record comes from. ``shards``: a
+    :class:`tidal.Shards`, returned as it is where nothing changes."""
+    infos = list(shards.infos)
+    changed = False
+    for name in sorted(set(shards.formats)):
+        decide = getattr(module(name), "agree", None)
+        if decide is None:
+            continue
+        at = [i for i, (f, e) in enumerate(zip(shards.formats, shards.errors, strict=True)) if f == name and e is None]
+        if not at:
+            continue
+        for i, info in zip(at, decide([infos[i] for i in at], options), strict=True):
+            changed = changed or info is not infos[i]
+            infos[i] = info
+    if not changed:
+        return shards
+    return type(shards)(
+        shards.paths,
+        shards.rows,
+        shards.bytes,
+        shards.formats,
+        shards.compressions,
+        infos,
+        shards.versions,
+        shards.hashes,
+        shards.errors,
+    )
+
+
 def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
     """Every name in ``columns`` must be a column of every shard whose scan knows its columns:
     a typo fails here, naming the file and the columns it has, not as a skipped record per row.
@@ -456,6 +489,8 @@ def check_options(name: str, options: Options | None) -> Options:
     unknown = sorted(k for k in options if k not in OPTIONS)
     if unknown:
         raise FormatError(f"unknown format option {unknown[0]!r}; known: {', '.join(sorted(OPTIONS))}")
+    if options.get("column_types") is not None:  # type names checked now, not at the first read
+        options = {**options, "column_types": module("csv").check_column_types(options["column_types"])}
     return options
 
 

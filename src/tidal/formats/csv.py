@@ -25,18 +25,19 @@ handed to the ``errors`` policy like a bad row, its rows skipped under ``errors=
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pc
 
-from tidal.errors import FormatError, RecordError, SchemaError
-from tidal.formats import Errors, Options, Piece, bad, data_errors, source
+from tidal.errors import ArgumentError, FormatError, RecordError, SchemaError
+from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
 from tidal.formats.binary import mapped, read_all
 
 NAME = "csv"
-__all__ = ["NAME", "SEGMENT_ROWS", "columns", "open", "records", "scan"]
+__all__ = ["NAME", "SEGMENT_ROWS", "agree", "check_column_types", "column_types", "columns", "open", "records", "scan"]
 
 SEGMENT_ROWS = 4096
 _WINDOW = 1 << 24
@@ -130,7 +131,10 @@ def _utf8_records(data: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
 
 
 def _schema(path: str, header: bytes, data: Any, delimiter: str) -> pa.Schema:
-    """Column names and types inferred over the whole file; columns that do not convert become strings."""
+    """Column names and types inferred over the whole file: a column whose values do not all
+    convert to the type its first values took is text, and so is a column of numbers whose text
+    a number would not give back (:func:`_lossy`); a column with no value is null (the dataset
+    decides: :func:`agree`)."""
     parse = pc.ParseOptions(delimiter=delimiter, invalid_row_handler=lambda row: "skip")
     try:
         names = pc.read_csv(
@@ -141,17 +145,118 @@ def _schema(path: str, header: bytes, data: Any, delimiter: str) -> pa.Schema:
     if len(set(names)) != len(names):
         raise FormatError(f"{path}: duplicate column names in the header: {names}")
     read = pc.ReadOptions(use_threads=False, block_size=1 << 26)
+    schema: pa.Schema | None = None
     try:
         # types from the first 64 MiB, checked against the rest; memory: one block
         reader = pc.open_csv(pa.BufferReader(pa.py_buffer(data)), read_options=read, parse_options=parse)
         schema = reader.schema
         for _ in reader:
             pass
-    except pa.ArrowInvalid:  # a column whose later values do not convert: strings
-        schema = pa.schema([(n, pa.string()) for n in names])
+    except pa.ArrowInvalid:  # a column whose later values do not convert: found one by one
+        if schema is None:
+            return pa.schema([(n, pa.string()) for n in names])
+        schema = pa.schema([(f.name, _holds(data, parse, f)) for f in schema])
     except pa.ArrowException as exc:
         raise FormatError(f"{path}: not readable as CSV: {exc}") from None
-    return pa.schema([(f.name, pa.string() if pa.types.is_null(f.type) else f.type) for f in schema])
+    lossy = _lossy(data, parse, [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)])
+    return pa.schema([(f.name, pa.string() if f.name in lossy else f.type) for f in schema])
+
+
+def _holds(data: Any, parse: pc.ParseOptions, field: pa.Field) -> pa.DataType:
+    """``field``'s type if every value of its column converts to it, else text."""
+    if pa.types.is_string(field.type) or pa.types.is_null(field.type):
+        return field.type
+    try:
+        pc.read_csv(
+            pa.py_buffer(data),
+            read_options=pc.ReadOptions(use_threads=False, block_size=1 << 26),
+            parse_options=parse,
+            convert_options=pc.ConvertOptions(column_types={field.name: field.type}, include_columns=[field.name]),
+        )
+    except pa.ArrowInvalid:
+        return pa.string()
+    return field.type
+
+
+# Text a number does not give back: a leading zero ("007", "-01", "00.5": ZIP codes, IDs), a
+# leading "+" (phone numbers), a hexadecimal "0x1F".
+_LOSSY = r"^\s*(?:\+|-?0[0-9xXbBoO_])"
+
+
+def _lossy(data: Any, parse: pc.ParseOptions, numeric: list[str]) -> set[str]:
+    """The columns of ``numeric`` (inferred as numbers) some of whose text a number would not
+    give back: read as text, so that ``01234`` stays ``"01234"``."""
+    if not numeric:
+        return set()
+    import pyarrow.compute as compute
+
+    table = pc.read_csv(
+        pa.py_buffer(data),
+        read_options=pc.ReadOptions(use_threads=False, block_size=1 << 26),
+        parse_options=parse,
+        convert_options=pc.ConvertOptions(column_types=dict.fromkeys(numeric, pa.string()), include_columns=numeric),
+    )
+    return {n for n in numeric if compute.any(compute.match_substring_regex(table.column(n), _LOSSY)).as_py()}
+
+
+def column_types(options: Options | None) -> dict[str, pa.DataType]:
+    """The types ``format_options={"column_types": {...}}`` declares, by column (checked names:
+    :func:`check_column_types`)."""
+    declared = (options or {}).get("column_types") or {}
+    return {name: pa.type_for_alias(kind) for name, kind in declared.items()}
+
+
+def check_column_types(value: Any) -> dict[str, str]:
+    """``column_types`` as a user gives it (column to a type's name, or a pyarrow type), as
+    names pyarrow knows; an ArgumentError naming what is not."""
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ArgumentError(f"column_types must map column names to type names, not {value!r}")
+    out = {}
+    for name, kind in value.items():
+        text = str(kind) if isinstance(kind, pa.DataType) else kind
+        try:
+            pa.type_for_alias(text)
+        except (ValueError, TypeError, KeyError):
+            raise ArgumentError(
+                f"column_types: {kind!r} (column {name!r}) is not a type; use a name pyarrow knows: "
+                "string, int64, int32, float64, float32, bool, date32, timestamp[s], timestamp[ms], ..."
+            ) from None
+        out[name] = text
+    return out
+
+
+def agree(infos: list[dict], options: Options | None = None) -> list[dict]:
+    """The scans of a dataset's CSV files, each made to say the dataset's type of every column:
+    the one ``column_types`` declares, else the one its files agree on (a file with no value
+    in a column has no say; integers and floats agree on float64; files that disagree
+    otherwise, on text), so a column's records are of one type whichever file holds them. A
+    column all of whose files are empty is text."""
+    declared = column_types(options)
+    schemas = {info["schema"]: _read_schema(info["schema"]) for info in infos}
+    names = next(iter(schemas.values())).names if schemas else []
+    unknown = [n for n in declared if schemas and all(n not in s.names for s in schemas.values())]
+    if unknown:
+        raise SchemaError(f"column_types names {unknown[0]!r}, which no CSV file has (columns: {', '.join(names)})")
+    fields = []
+    for name in names:
+        found = {s.field(name).type for s in schemas.values() if name in s.names}
+        fields.append(pa.field(name, declared.get(name) or _one_type(found)))
+    one = base64.b64encode(pa.schema(fields).serialize().to_pybytes()).decode()
+    return [info if info["schema"] == one else {**info, "schema": one} for info in infos]
+
+
+def _one_type(types: set[pa.DataType]) -> pa.DataType:
+    """The type a column takes over files whose own are ``types``."""
+    known = {t for t in types if not pa.types.is_null(t)}
+    if len(known) == 1:
+        return known.pop()
+    if known and all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in known):
+        return pa.float64()
+    return pa.string()
+
+
+def _read_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def _bytes(path: str, src: Any, compression: str | None) -> np.ndarray:
@@ -168,7 +273,7 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     info: dict = {
         "rows": rows,
         "records": rows,  # the index keeps "rows" apart; the reader needs the count too
-        "columns": dict.fromkeys(schema.names, ""),  # names only: inferred types may differ by file
+        "columns": dict.fromkeys(schema.names, ""),  # names only: the dataset's types are agreed over its files
         "schema": base64.b64encode(schema.serialize().to_pybytes()).decode(),
     }
     if compression is None:
@@ -181,14 +286,31 @@ def columns(info: dict) -> list[str]:
 
 
 class CsvReader:
-    def __init__(self, path: str, compression: str | None, info: dict, columns: list[str] | None, errors: Errors):
+    def __init__(
+        self,
+        path: str,
+        compression: str | None,
+        info: dict,
+        columns: list[str] | None,
+        errors: Errors,
+        declared: dict[str, pa.DataType] | None = None,
+    ):
         self.path = path
         self._data = _bytes(path, source(path, info), compression)
         self._rows = int(info["records"])
         self._checkpoints: list[list[int]] = info.get("checkpoints") or []
         if "checkpoints" not in info:  # compressed: found now, in the decompressed bytes
             _, self._checkpoints, self._rows = _layout(path, self._data)
-        self._schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(info["schema"])))
+        schema = _read_schema(info["schema"])
+        types = declared or {}
+        unknown = [n for n in types if n not in schema.names]
+        if unknown:
+            raise SchemaError(
+                f"{path}: column_types names {unknown[0]!r}, which it does not have (columns: {', '.join(schema.names)})"
+            )
+        self._schema = pa.schema(
+            [(f.name, types.get(f.name) or (pa.string() if pa.types.is_null(f.type) else f.type)) for f in schema]
+        )
         missing = [c for c in columns or [] if c not in self._schema.names]
         if missing:
             raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
@@ -322,4 +444,4 @@ def open(  # noqa: A001
     errors: Errors,
     options: Options | None = None,
 ) -> CsvReader:
-    return CsvReader(path, compression, info, columns, errors)
+    return CsvReader(path, compression, info, columns, errors, column_types(check_options(NAME, options)))

@@ -24,11 +24,11 @@ local processes or Ray, and publishes its index beside it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tidal.formats import Errors, check_columns, in_order
+from tidal.formats import Errors, agree, check_columns, in_order
 from tidal.sources.discover import open_shards
 from tidal.sources.hf_datasets import resolve as resolve_hf
 from tidal.sources.shards import Shard, Shards
@@ -93,13 +93,15 @@ def resolve_source(
     storage: Storage | None = None,
     follow_links: bool = False,
     progress: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> Resolved:
     """The shards of ``src``, listed (or read from the index published beside them) and counted,
     and every name in ``columns`` checked against what the files hold.
 
     ``errors`` is the policy for files that cannot be counted (see :class:`tidal.Dataset`);
     ``follow_links``: read what symbolic links lead to outside a directory; ``progress``: a bar
-    on stderr while the files are counted.
+    on stderr while the files are counted; ``options``: the readers' ``format_options``, which
+    decide some formats' column types (CSV's ``column_types``: :func:`tidal.formats.agree`).
 
     >>> resolve_source("data/web", columns=["text"]).shards.total   # records in the files
     """
@@ -113,5 +115,6 @@ def resolve_source(
         shards = Shards.of(Shard(**fields) for fields in held)
     else:
         settings, shards, indexed = open_shards(src, fmt, errors, settings, follow_links, progress)
+    shards = agree(shards, options)  # one type per column over the files (CSV)
     check_columns(shards, columns)
     return Resolved(src, shards, fmt, tuple(columns) if columns is not None else None, settings, indexed)

@@ -1,5 +1,6 @@
-"""What rank 0 tells the other ranks of a job about a dataset, through the process group's store:
-plain data, as JSON, never a pickle (a rank never runs what it reads there)."""
+"""What ranks tell each other crosses as plain data, as JSON, never a pickle (a rank never runs
+what it receives): rank 0's listing of a dataset, through the process group's store, and every
+rank's part of the loader state, gathered by ``state_dict()``."""
 
 from __future__ import annotations
 
@@ -71,3 +72,21 @@ def test_rank_0s_error_crosses_as_its_name_and_message(store: object, tmp_path: 
     with pytest.raises(tidal.TidalError, match=r"rank 0 could not open the dataset"):
         discover._from_rank_0(store, "tidal/dataset/z/0")
     assert not planted.exists()
+
+
+@pytest.mark.slow
+def test_the_loader_state_is_gathered_over_ranks_as_json(tmp_path: Path) -> None:
+    """Under torchrun, with torch.distributed's object collectives (pickle) made to fail: every
+    rank's state_dict() holds both ranks' parts, the same on both, and restores exactly."""
+    import procs
+
+    data = make_shards(tmp_path / "data", [30, 25, 20])
+    out = tmp_path / "out"
+    out.mkdir()
+    script = Path(__file__).parent / "distributed" / "run_gather.py"
+    procs.torchrun(script, str(data), str(out), nproc=2, env=procs.child_env(tmp_path / "cache"))
+    runs = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert runs[0]["state"] == runs[1]["state"]
+    assert all(rank is not None for rank in runs[0]["state"]["ranks"])
+    for run in runs:
+        assert run["resumed"] == run["rest"]

@@ -24,6 +24,7 @@ last batch the loop received, so no batch read ahead under the old weights is se
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import multiprocessing
 import os
@@ -175,11 +176,28 @@ def _distributed() -> bool:
 
 
 def _all_gather(local: RankState) -> list[RankState | None]:
-    """Every rank's rank state (an ``all_gather_object``), taken at the same step."""
-    every: list[RankState | None] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(every, local)
+    """Every rank's rank state (:func:`_gather_json`), taken at the same step."""
+    every: list[RankState | None] = _gather_json(local)
     schema.check_same_step(every)
     return every
+
+
+def _gather_json(value: Any) -> list[Any]:
+    """Every rank's ``value`` (plain data), in rank order, as JSON bytes (their sizes, then the
+    bytes padded to the longest), as ``tidal.jax`` gathers them: never ``all_gather_object``,
+    whose pickle would run what another process sent."""
+    dist = torch.distributed
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    padded = torch.zeros(max(int(s.item()) for s in sizes), dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data.to(device)
+    every = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(every, padded)
+    return [json.loads(bytes(t[: int(s.item())].cpu().numpy())) for t, s in zip(every, sizes, strict=True)]
 
 
 def _every_rank_has(batch: bool) -> bool:
@@ -339,8 +357,7 @@ class DataLoader(torch.utils.data.DataLoader):
         """
         checked = live.for_stage(self.tidal_dataset.stage, weights)
         if _distributed():
-            every: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(every, [self._ledger.local[k.COUNTS][k.BATCHES], checked])
+            every = _gather_json([self._ledger.local[k.COUNTS][k.BATCHES], checked])
             live.agree(every)
         self._ledger.set_weights(checked)
 

@@ -289,3 +289,44 @@ def test_a_null_text_names_its_row_and_skips_with_errors_skip(
     assert len(got) == 38
     report = convert(str(tmp_path / "src"), tmp_path / "out3", to="tokens", tokenizer=str(tokenizer), errors="skip")
     assert report.records == 38
+
+
+def test_a_second_run_says_it_wrote_nothing_and_a_skipped_line_is_logged_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # before: "wrote 1 shards (1 already done)" when it wrote none, and the bad line was logged
+    # twice (by the sample that fixes the schema, then by the task that writes it)
+    (tmp_path / "src").mkdir()
+    lines = [json.dumps({"id": i}) for i in range(10)]
+    lines[3] = "{bad"
+    (tmp_path / "src" / "a.jsonl").write_text("\n".join(lines) + "\n")
+    argv = ["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--errors", "skip", "--no-progress"]
+    with caplog.at_level("WARNING", logger="tidal"):
+        assert main(argv) == 0
+    assert sum("a.jsonl, line 4" in r.getMessage() for r in caplog.records) == 1
+    assert capsys.readouterr().out.startswith("wrote 1 shard, 9 records")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("wrote 0 of 1 shard (1 already done)") and "holds 9 records" in out
+
+
+def test_a_column_of_two_types_names_the_column_and_the_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: ArrowTypeError: Unable to merge: Field zip has incompatible types, naming no file
+    (tmp_path / "src").mkdir()
+    write_jsonl(tmp_path / "src" / "a.jsonl", [{"id": 0, "zip": 1234}, {"id": 1, "zip": 501}])
+    write_jsonl(tmp_path / "src" / "b.jsonl", [{"id": 2, "zip": "K1A 0B1"}])
+    with pytest.raises(tidal.SchemaError) as info:
+        convert(str(tmp_path / "src"), tmp_path / "out")
+    message = str(info.value)
+    assert "column 'zip' holds numbers" in message and "a.jsonl, row 0" in message and "b.jsonl, row 0" in message
+    # CSV files: one type per column over the files, or the one declared
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "a.csv").write_bytes(b"zip,n\n10001,1\n20002,2\n")
+    (tmp_path / "csv" / "b.csv").write_bytes(b"zip,n\nK1A 0B1,3\n")
+    convert(str(tmp_path / "csv"), tmp_path / "out-csv")
+    assert [r["zip"] for r in records(tmp_path / "out-csv")] == ["10001", "20002", "K1A 0B1"]
+    argv = ["convert", str(tmp_path / "csv" / "a.csv"), str(tmp_path / "out-a"), "--no-progress"]
+    assert main([*argv, "--format-option", "column_types.zip=string"]) == 0
+    assert [r["zip"] for r in records(tmp_path / "out-a")] == ["10001", "20002"]

@@ -60,20 +60,30 @@ class Report:
     """What a conversion did: the output's shards and records, and how many shards an earlier run had done."""
 
     dst: str
-    shards: int
+    shards: int  # the output's shards, written by this run or an earlier one
     records: int
     bytes: int
     seconds: float
     resumed: int = 0  # shards found done and skipped
     entries: list[dict] = field(default_factory=list, repr=False)
+    written: int | None = None  # shards this run wrote (None: all of them)
+    written_bytes: int | None = None  # their bytes
 
     def __str__(self) -> str:
-        done = f" ({self.resumed} already done)" if self.resumed else ""
-        rate = self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+        wrote = self.shards if self.written is None else self.written
+        size = self.bytes if self.written_bytes is None else self.written_bytes
+        rate = size / 1e6 / self.seconds if self.seconds > 0 else 0.0
+        now = f"in {self.seconds:.1f} s ({rate:.1f} MB/s)"
+        if not self.resumed:
+            return f"wrote {_shards(wrote)}, {self.records} records, {self.bytes / 1e6:.1f} MB to {self.dst} {now}"
         return (
-            f"wrote {self.shards} shards{done}, {self.records} records, {self.bytes / 1e6:.1f} MB "
-            f"to {self.dst} in {self.seconds:.1f} s ({rate:.1f} MB/s)"
+            f"wrote {wrote} of {_shards(self.shards)} ({self.resumed} already done) {now}; "
+            f"{self.dst} holds {self.records} records, {self.bytes / 1e6:.1f} MB"
         )
+
+
+def _shards(n: int) -> str:
+    return f"{n} shard" if n == 1 else f"{n} shards"
 
 
 def convert(
@@ -93,6 +103,7 @@ def convert(
     storage_options: dict[str, Any] | None = None,
     dst_options: dict[str, Any] | None = None,
     errors: Errors = "raise",
+    format_options: dict[str, Any] | None = None,
 ) -> Report:
     """Rewrite ``src`` (anything :class:`tidal.Dataset` reads, or a dataset) as shards in ``dst``.
 
@@ -103,7 +114,8 @@ def convert(
     that Ray will run when 1). Running it again after an interruption skips the finished shards.
     ``progress``: a progress bar on stderr (default: when stderr is a terminal). ``errors``: the
     source's policy for bad records, as :class:`tidal.Dataset` takes it (``"skip"`` also skips
-    the records ``tokenizer`` cannot use: a null or missing text), for a source named by path.
+    the records ``tokenizer`` cannot use: a null or missing text), for a source named by path;
+    ``format_options`` too (CSV's ``column_types``, say), as :class:`tidal.Dataset` takes them.
 
     >>> convert("data/web", "data/web-tokens", to="tokens", tokenizer="tokenizer.json", workers=4)
     """
@@ -121,11 +133,24 @@ def convert(
         raise ArgumentError("shard_size must be at least 1 byte")
     if to == "parquet" and tokenizer is None and column is not None:
         raise ArgumentError("column names the text to tokenize (with tokenizer=) or, with to='tokens', the token ids")
-    if isinstance(src, Dataset) and (columns is not None or errors != "raise"):
+    by_path = (columns, errors != "raise", format_options)
+    if isinstance(src, Dataset) and any(v not in (None, False) for v in by_path):
         raise ArgumentError(
-            "columns= and errors= apply to a source named by path; pass them to the Dataset you convert"
+            "columns=, errors= and format_options= apply to a source named by path; "
+            "pass them to the Dataset you convert"
         )
-    ds = src if isinstance(src, Dataset) else Dataset(src, columns, format, errors, storage_options=storage_options)
+    ds = (
+        src
+        if isinstance(src, Dataset)
+        else Dataset(
+            src,
+            columns,
+            format,
+            errors,
+            storage_options=storage_options,
+            format_options=format_options,
+        )
+    )
     if tokenizer is not None:
         ds = ds.tokenize(tokenizer, column or "text")
     stage = chain(ds)
@@ -166,6 +191,7 @@ def convert(
     _publish(job, entries)
     shutil.rmtree(output.staging(), ignore_errors=True)  # every shard is in place: what is left was a killed task's
     kept = [e for e in entries if e.get("name")]
+    new = [bar.done[s] for s in todo if bar.done[s].get("name")]  # a shard a filter left empty is no file
     return Report(
         dst=output.url,
         shards=len(kept),
@@ -174,6 +200,8 @@ def convert(
         seconds=time.monotonic() - started,
         resumed=len(done),
         entries=entries,
+        written=len(new),
+        written_bytes=sum(e["bytes"] for e in new),
     )
 
 

@@ -55,6 +55,14 @@ def add_arguments(p: Any) -> None:
     )
     p.add_argument("--format", default=None, help="the source's format, where its file endings do not tell")
     p.add_argument(
+        "--format-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a format option for reading SRC, repeatable, as tidal.Dataset's format_options (a dotted key nests: "
+        "column_types.zip=string reads a CSV column as text)",
+    )
+    p.add_argument(
         "--errors",
         choices=("raise", "skip"),
         default="raise",
@@ -99,6 +107,7 @@ def run_cli(args: Any) -> int:
         ray_address=args.ray_address,
         progress=args.progress,
         format=args.format,
+        format_options=storage_options(args.format_option) or None,
         storage_options=storage_options(args.storage_option) or None,
         dst_options=storage_options(args.dst_option) or None,
         errors=args.errors,

@@ -18,13 +18,14 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from tidal.convert.task import READ_BLOCK, read_range
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, SchemaError, SourceError, StateError
 from tidal.stages import Stage, walk
 from tidal.stages.read import Read
-from tidal.tables import Table, length
+from tidal.tables import Table, length, records
 from tidal.writers.output import WORK, Output
 
 PLAN_VERSION = 1
@@ -78,10 +79,13 @@ def load_or_make(stage: Stage, ds: Dataset, to: str, column: str, size: int, out
         raise SourceError(f"{ds!r}: the source has no records to convert")
     offsets = np.concatenate([[0], np.cumsum([s.rows for s in sources])]).astype(np.int64)
     sample: list[Table] = []
-    got = 0
-    for table, _ in read_range(stage, total, 0, min(total, SAMPLE_RECORDS)):
+    spans: list[tuple[int, int]] = []  # the source positions each table of the sample came from
+    got, at = 0, 0
+    for table, after in read_range(quietly(stage), total, 0, min(total, SAMPLE_RECORDS)):
         sample.append(table)
+        spans.append((at, after))
         got += length(table)
+        at = after
     plan: dict[str, Any] = {"version": PLAN_VERSION, "fingerprint": key, "to": to, "total": total}
     plan["offsets"] = offsets.tolist()
     in_bytes = _input_bytes(sources, offsets, min(total, SAMPLE_RECORDS))
@@ -90,6 +94,8 @@ def load_or_make(stage: Stage, ds: Dataset, to: str, column: str, size: int, out
 
         try:
             schema = infer_schema(sample)
+        except pa.ArrowException as exc:  # a column of two types (an ArrowInvalid is a ValueError too)
+            raise SchemaError(_clash(sample, spans, offsets, sources.paths, stage, exc)) from None
         except ValueError:
             raise SchemaError(
                 f"{ds!r}: no record in the first {SAMPLE_RECORDS} to take the output's schema from"
@@ -110,6 +116,77 @@ def load_or_make(stage: Stage, ds: Dataset, to: str, column: str, size: int, out
     plan["ranges"] = cut(sources, ratio, size)
     output.write_text(f"{WORK}/plan.json", json.dumps(plan))
     return plan
+
+
+def quietly(stage: Stage) -> Stage:
+    """The chain with its source's bad records skipped without a word, for the sample: what the
+    policy says of them (raise, or log and count) is said once, by the task that writes them.
+    Under ``errors="raise"``, as it is: the first bad record stops the conversion before it starts."""
+
+    def quiet(read: Read) -> Read:
+        return read if read.plan.errors == "raise" else Read(replace(read.plan, errors=_skip))
+
+    return stage.with_source(quiet)
+
+
+def _skip(error: Exception) -> None:
+    """An errors policy that skips and says nothing (the task that writes the record says it)."""
+
+
+def _clash(
+    sample: list[Table],
+    spans: list[tuple[int, int]],
+    offsets: np.ndarray,
+    paths: Sequence[str],
+    stage: Stage,
+    exc: Exception,
+) -> str:
+    """What a sample whose tables do not make one schema holds: the first column whose values are
+    of two types, and the files and rows of the first of each."""
+    from tidal.convert.task import one_per_position
+
+    exact = one_per_position(stage)
+    seen: dict[str, dict[str, str]] = {}  # column -> kind -> where its first value of that kind is
+    for table, (start, stop) in zip(sample, spans, strict=True):
+        for i, record in enumerate(records(table)):
+            if not isinstance(record, dict):
+                continue
+            where = _where(start + i if exact else start, offsets, paths, exact or stop - start == 1)
+            for name, value in record.items():
+                if value is None:
+                    continue
+                kinds = seen.setdefault(name, {})
+                kinds.setdefault(_kind(value), where)
+                if len(kinds) > 1:
+                    (a, at_a), (b, at_b) = list(kinds.items())[:2]
+                    return (
+                        f"column {name!r} holds {a} ({at_a}) and {b} ({at_b}): a Parquet column holds one type; "
+                        f"convert the files apart, leave the column out (columns=), or make it one type first "
+                        f"(a map(); for CSV files, format_options={{'column_types': {{{name!r}: 'string'}}}}, "
+                        f"on the command line --format-option column_types.{name}=string)"
+                    )
+    return f"the source's records do not make one schema: {exc}"
+
+
+def _kind(value: Any) -> str:
+    """What a value is, as a column's type tells it: numbers are one kind (they promote)."""
+    if isinstance(value, bool):
+        return "booleans"
+    if isinstance(value, (int, float, np.number)):
+        return "numbers"
+    return {"str": "text", "bytes": "bytes", "list": "lists", "dict": "structs"}.get(
+        type(value).__name__, type(value).__name__
+    )
+
+
+def _where(position: int, offsets: np.ndarray, paths: Sequence[str], exact: bool) -> str:
+    """The file (and row, where ``exact``) of a source position."""
+    i = max(0, min(int(np.searchsorted(offsets, position, side="right")) - 1, len(paths) - 1))
+    return (
+        f"{paths[i]}, row {position - int(offsets[i])}"
+        if exact
+        else f"{paths[i]}, near row {position - int(offsets[i])}"
+    )
 
 
 def _input_bytes(sources: Sequence[Any], offsets: np.ndarray, n: int) -> float:

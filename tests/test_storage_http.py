@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
+import io
+import os
+import random
+import re
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import make_shards
+from conftest import make_shards, write_jsonl, write_parquet
 
 import tidal
 from tidal.storage import Retry, Storage
+from tidal.storage.fs import Remote
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -50,3 +57,112 @@ def test_an_http_dataset_reads_like_the_local_one(served: tuple[str, Path], tmp_
     it = remote.iterator()
     assert list(it) == list(local)
     assert it.stats()["cache_misses"] == 4 and it.stats()["bytes_downloaded"] > 0
+
+
+class _Logged(_Quiet):
+    """Python's own file server (``Range`` ignored: a 200 with the whole file), each request logged."""
+
+    def send_head(self) -> Any:
+        self.server.seen.append((self.command, self.path, self.headers.get("Range")))  # type: ignore[attr-defined]
+        return super().send_head()
+
+
+class _Ranged(_Logged):
+    """A server that answers ``Range`` with ``206`` and those bytes alone, as object stores do."""
+
+    def send_head(self) -> Any:
+        wanted = self.headers.get("Range")
+        path = self.translate_path(self.path)
+        if wanted is None or self.command != "GET" or not os.path.isfile(path):
+            return super().send_head()
+        self.server.seen.append((self.command, self.path, wanted))  # type: ignore[attr-defined]
+        data = Path(path).read_bytes()
+        first, last = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted).groups()  # type: ignore[union-attr]
+        body = data[int(first) : int(last) + 1 if last else len(data)]
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {first}-{int(first) + len(body) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
+
+@contextlib.contextmanager
+def serving(root: Path, handler: type = _Logged) -> Iterator[tuple[str, list]]:
+    """``root`` behind ``http://127.0.0.1:<free port>``, and the list of requests it answers."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
+    server.seen = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server.seen  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def big_corpus(root: Path) -> Path:
+    """Parquet, JSON lines, and JSON lines of several parts (``PART`` bytes each): ids 0..2999."""
+    make_shards(root, [1000], kinds=("parquet",))
+    write_jsonl(root / "part-001.jsonl", [{"id": 1000 + i, "text": "y" * 20} for i in range(1000)])
+    write_jsonl(root / "part-002.jsonl", [{"id": 2000 + i, "text": "z" * 200} for i in range(1000)])
+    assert (root / "part-002.jsonl").stat().st_size > 3 * PART
+    return root
+
+
+PART = 64 << 10  # Storage.part_size of these tests: 16 MiB in use, the same code paths
+
+
+@pytest.mark.parametrize("handler", [_Logged, _Ranged], ids=["ignores-range", "ranged"])
+def test_a_server_that_ignores_range_is_read_whole_once_per_file_and_one_that_honours_it_in_parts(
+    tmp_path: Path, handler: type
+) -> None:
+    data = big_corpus(tmp_path / "data")
+    local = sorted(r["id"] for r in tidal.Dataset(data))
+    with serving(data, handler) as (base, seen):
+        settings = Storage(cache_dir=str(tmp_path / "cache"), part_size=PART, retry=Retry(backoff=0.01), timeout=5)
+        ds = tidal.Dataset(base + "/", storage=settings)
+        assert ds.num_records == 3000
+        it = ds.shuffle(seed=1, block_size=500).iterator()
+        assert sorted(r["id"] for r in it) == local
+        assert it.stats()["retries"] == 0
+        gets = {name: [r for m, p, r in seen if m == "GET" and p == f"/{name}"] for name in os.listdir(data)}
+    gets = {name: got for name, got in gets.items() if not name.startswith(".")}
+    size = (data / "part-002.jsonl").stat().st_size
+    if handler is _Logged:  # each file whole, in one GET, never retried (counting and reading share the copy)
+        assert len(gets["part-001.jsonl"]) == len(gets["part-002.jsonl"]) == 1, gets
+        assert 1 <= len(gets["part-000.parquet"]) <= 2, gets  # its footer, whole, if counted before the others
+    else:  # the Parquet file's footer, then the file; the large file in parts, each asked once
+        assert all(r is not None for got in gets.values() for r in got), gets
+        parts = sorted(gets["part-002.jsonl"], key=lambda r: int(r[6:].split("-")[0]))
+        assert parts == [f"bytes={a}-{min(a + PART, size) - 1}" for a in range(0, size, PART)]
+
+
+def test_a_parquet_file_read_in_place_from_a_server_that_ignores_range_is_fetched_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = random.Random(0)
+    rows = [{"id": i, "text": f"{rng.getrandbits(1600):0400x}"} for i in range(300)]
+    write_parquet(data / "wide.parquet", rows, row_group_size=50)  # > 64 KiB: pyarrow reads its tail first
+    with serving(data) as (base, seen):
+        remote = Remote("http", Storage(timeout=5, retry=Retry(attempts=2, backoff=0.01)))
+        size = (data / "wide.parquet").stat().st_size
+        import pyarrow.parquet as pq
+
+        from tidal.storage.fetch import RangeFile
+
+        table = pq.ParquetFile(RangeFile(remote, f"{base}/wide.parquet", size, remote.stats)).read(["id"])
+        assert table.column("id").to_pylist() == list(range(300))
+        assert seen[0][2] is not None and len(seen) == 1  # asked for its tail, sent it all: every read from that
+        assert remote.ignores_ranges(base)
+        again = RangeFile(remote, f"{base}/wide.parquet", size, remote.stats)
+        assert again.read(4) == b"PAR1" and len(seen) == 2 and seen[-1][2] is None  # known now: asked whole
+
+
+def test_a_write_the_server_does_not_implement_is_refused_at_once_not_retried(tmp_path: Path) -> None:
+    with serving(tmp_path) as (base, _):
+        remote = Remote("http", Storage(timeout=5, retry=Retry(backoff=0.5)))
+        with pytest.raises(tidal.StorageError, match=r"PUT failed: .*501") as err:
+            remote.put(f"{base}/x.json", b"{}")
+    assert err.value.attempts == 1 and err.value.permanent

@@ -74,14 +74,21 @@ class Fetcher:
         digest = hasher(algorithm) if algorithm is not None else None
         size, part = entry.size, self.storage.part_size
         with open(path, "r+b") as out:
-            if size <= part:
+            if size <= part or remote.ignores_ranges(entry.url):  # whole, in one GET
                 data = remote.cat(entry.url, 0, size) if size else b""  # ranged: no HEAD first
                 out.write(data)
                 if digest is not None:
                     digest.update(data)
             else:
+                first = b""
+                if remote.protocol in ("http", "https") and not remote.honours_ranges(entry.url):
+                    # a web server may ignore Range (and send all of it): the first part alone says, before more go
+                    first = remote.get(entry.url, 0, part, size=size)[1]
+                    out.write(first)
+                    if digest is not None:
+                        digest.update(first)
                 pool = self._pool()
-                starts = iter(range(0, size, part))
+                starts = iter(range(len(first), size, part))
                 window: deque[Future[bytes]] = deque()
 
                 def submit() -> None:
@@ -114,6 +121,11 @@ class Fetcher:
     def range_file(self, url: str, size: int) -> RangeFile:
         return RangeFile(self.remote(url), url, size, self.stats)
 
+    def ranged_reads(self, url: str) -> bool:
+        """Whether reading a few parts of ``url`` in place moves fewer bytes than fetching it: not
+        from a server that ignores ``Range`` (each read would bring the whole file)."""
+        return not self.remote(url).ignores_ranges(url)
+
     def close(self) -> None:
         self._closed = True
         if self._parts is not None:
@@ -135,7 +147,8 @@ def _check_unchanged(remote: Remote, entry: Entry) -> None:
 
 
 class RangeFile(io.RawIOBase):
-    """A read-only, seekable view of a remote file: every read is one ranged GET, retried.
+    """A read-only, seekable view of a remote file: every read is one ranged GET, retried; from a
+    server that ignores ``Range``, the whole file in one GET, every read served from it.
 
     >>> pq.ParquetFile(fetcher.range_file(url, size))   # reads the footer, then only what is asked
     """
@@ -144,6 +157,7 @@ class RangeFile(io.RawIOBase):
         super().__init__()
         self._remote, self.url, self.size, self._stats = remote, url, size, stats
         self._pos = 0
+        self._whole: bytes | None = None  # all of the file, where its server ignores Range
 
     def __repr__(self) -> str:
         return f"RangeFile({redact(self.url)!r})"
@@ -167,7 +181,14 @@ class RangeFile(io.RawIOBase):
         if n == 0:
             return 0
         t0 = time.monotonic()
-        data = self._remote.cat(self.url, self._pos, self._pos + n)
+        if self._whole is None and self._remote.ignores_ranges(self.url):  # the server sends all: once
+            self._whole = self._remote.cat(self.url, size=self.size)
+        if self._whole is not None:
+            data = self._whole[self._pos : self._pos + n]
+        else:
+            at, data = self._remote.get(self.url, self._pos, self._pos + n, size=self.size)
+            if at != self._pos or len(data) == self.size:  # the whole file (a server that ignores Range): kept
+                self._whole, data = data, data[self._pos : self._pos + n]
         self._stats.add(io_wait_s=time.monotonic() - t0)
         memoryview(buffer).cast("B")[:n] = data
         self._pos += n

@@ -40,6 +40,7 @@ from typing import Any
 from tidal.errors import MissingDependency, SourceError, StorageError, missing
 from tidal.storage import logs
 from tidal.storage.config import Storage
+from tidal.storage.refusals import bucket_gone, bucket_of, refused
 from tidal.storage.retry import Truncated, call, code_and_status, redact, transient
 from tidal.storage.stats import Stats
 
@@ -173,22 +174,53 @@ class Remote:
 
     def cat(self, url: str, start: int | None = None, end: int | None = None, *, size: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``url``, or all ``size`` of them; retried, never short."""
-        expect = end - start if start is not None and end is not None else size
+        at, data = self.get(url, start, end, size=size)
+        return data if start is None or at == start else data[start - at : end]
 
-        def once() -> bytes:
+    def get(
+        self, url: str, start: int | None = None, end: int | None = None, *, size: int | None = None
+    ) -> tuple[int, bytes]:
+        """``(offset, data)``: bytes ``[start, end)`` of ``url`` at ``start``, as :meth:`cat` reads
+        them, or, from a server that ignores ``Range`` (it answers ``200`` with the whole object,
+        as Python's ``http.server`` and many static servers do), the whole object at 0: the
+        caller may keep all of it rather than ask again. Such a server's host is remembered
+        (:meth:`ignores_ranges`); a body longer than asked is never retried as if cut short."""
+        expect = end - start if start is not None and end is not None else size
+        host = _host(url)
+
+        def once() -> tuple[int, bytes]:
             if start is None:  # s3fs asks for the size first (a HEAD) to read in parallel parts: not here
                 extra = {"max_concurrency": 1} if self.backend == "s3fs" else {}
                 data = self._request("cat_file", self.path(url), **extra)
             else:
                 data = self._request("cat_file", self.path(url), start=start, end=end)
+            if start is not None and end is not None and len(data) > end - start:
+                if (size is not None and len(data) != size) or len(data) < end:
+                    raise RangeIgnored(
+                        "the server answered a ranged GET with more than was asked, and not the whole object "
+                        "as listed: it changed since it was listed, or the server sends something else"
+                    )
+                _RANGES[host] = False  # a 200: the whole object, more than the range asked for
+                return 0, bytes(data)
             if expect is not None and len(data) != expect:
                 raise Truncated(f"got {len(data):,} bytes of {expect:,}")
-            return bytes(data)
+            if start is not None and end is not None and (start > 0 or (size is not None and end < size)):
+                _RANGES.setdefault(host, True)  # exactly the part asked for, less than the whole
+            return start or 0, bytes(data)
 
         what = "GET" if start is None else f"GET bytes {start}-{end}"
-        data = call(once, url=url, what=what, retry=self.storage.retry, stats=self.stats)
+        at, data = self._call(once, url, what, stats=self.stats)
         self.stats.add(bytes_downloaded=len(data), requests=1)
-        return data
+        return at, data
+
+    def ignores_ranges(self, url: str) -> bool:
+        """Whether the server of ``url`` answered a ranged GET of this process with the whole object:
+        its files are read whole, in one GET each."""
+        return _RANGES.get(_host(url)) is False
+
+    def honours_ranges(self, url: str) -> bool:
+        """Whether the server of ``url`` answered a ranged GET of this process with only the range."""
+        return _RANGES.get(_host(url)) is True
 
     @property
     def exclusive_puts(self) -> bool:
@@ -200,12 +232,7 @@ class Remote:
         only if there is no such object yet (where :attr:`exclusive_puts`), False if there is."""
         extra = {"mode": "create"} if exclusive and self.exclusive_puts else {}
         try:
-            call(
-                lambda: self._request("pipe_file", self.path(url), data, **extra),
-                url=url,
-                what="PUT",
-                retry=self.storage.retry,
-            )
+            self._call(lambda: self._request("pipe_file", self.path(url), data, **extra), url, "PUT")
         except StorageError as exc:
             if extra and _exists(exc):
                 return False
@@ -216,7 +243,7 @@ class Remote:
     def delete(self, url: str) -> None:
         """Remove the object ``url``; one that is not there is no error."""
         try:
-            call(lambda: self._request("rm_file", self.path(url)), url=url, what="DELETE", retry=self.storage.retry)
+            self._call(lambda: self._request("rm_file", self.path(url)), url, "DELETE")
         except StorageError as exc:
             if not _not_found(exc):
                 raise
@@ -228,40 +255,90 @@ class Remote:
             raise StorageError(f"{redact(url)}: is a directory, not a file", url=redact(url))
         return FileStat(int(info["size"]), _version(info))
 
-    def _info(self, url: str) -> dict:
+    def _info(self, url: str, *, named: bool = False) -> dict:
+        """What the store says of ``url``; ``named``: the user named it, so where it is not
+        there, whether its bucket is is worth a request more."""
         try:
-            return call(lambda: self._request("info", self.path(url)), url=url, what="HEAD", retry=self.storage.retry)
+            return self._call(lambda: self._request("info", self.path(url)), url, "HEAD")
         except StorageError as exc:
             if _not_found(exc):
-                raise SourceError(f"{redact(url)}: no such file or directory") from None
+                raise self._missing(url, exc, ask=named) from None
             raise
+
+    def _call(self, fn: Callable[[], Any], url: str, what: str, *, stats: Stats | None = None) -> Any:
+        """``fn()`` under tidal's retries (:func:`tidal.storage.retry.call`); a request the store
+        refused (403, 401, no credentials) is a :class:`StorageError` that says so in words."""
+        try:
+            return call(fn, url=url, what=what, retry=self.storage.retry, stats=stats)
+        except StorageError as exc:
+            why = refused(exc, url, what) if exc.permanent else None
+            if why is None:
+                raise
+            raise StorageError(why, url=exc.url, attempts=exc.attempts, permanent=True) from exc.__cause__
+
+    def _missing(self, url: str, exc: BaseException, *, ask: bool = False) -> SourceError:
+        """The :class:`SourceError` of a ``url`` the store says is not there: that its bucket
+        does not exist, where that is what is missing, else that the object does not."""
+        return SourceError(self._no_bucket(url, exc, ask=ask) or f"{redact(url)}: no such file or directory")
+
+    def _no_bucket(self, url: str, exc: BaseException, *, ask: bool = True) -> str | None:
+        """That the bucket of ``url`` does not exist, if so: as the store said in ``exc``, or
+        (``ask``, where its client does not say) asked of it, one request on this path only."""
+        bucket = bucket_of(url)
+        if bucket is None:
+            return None
+        gone = bucket_gone(exc) or url.rstrip("/") == bucket
+        if not gone and ask:
+            try:
+                self._call(lambda: self._request("info", self.path(bucket)), bucket, "HEAD")
+            except StorageError as asked:
+                gone = _not_found(asked)
+        if not gone:
+            return None
+        kind = "container" if self.protocol in ("az", "abfs", "abfss") else "bucket"
+        return f"{redact(url)}: the {kind} {bucket.split('://', 1)[1]!r} does not exist"
 
     def expand(self, entry: str, keep: Any = None) -> dict[str, FileStat]:
         """The files ``entry`` names: a file, a directory (searched recursively, names starting
         with ``.`` or ``_`` skipped, only those ``keep(name)`` accepts) or a glob; sorted by URL."""
         path = self.path(entry)
-        retry = self.storage.retry
         where = entry.split("://", 1)[1]
         if self.protocol in ("http", "https"):
             where = where.split("?", 1)[0]  # a query string (a signed URL's) is not a pattern
         if _glob.has_magic(where):
-            found = call(lambda: self.fs.glob(path, detail=True), url=entry, what="LIST", retry=retry)
+            try:
+                found = self._call(lambda: self.fs.glob(path, detail=True), entry, "LIST")
+            except StorageError as exc:
+                if _not_found(exc):
+                    raise self._missing(entry, exc, ask=True) from None
+                raise
             files = {k: v for k, v in found.items() if v.get("type", "file") != "directory"}
             files = {k: v for k, v in files.items() if not posixpath.basename(k.rstrip("/")).startswith(".")}
             if not files:
-                raise SourceError(f"{redact(entry)}: the pattern matches no file")
+                why = self._no_bucket(entry, FileNotFoundError(entry))
+                raise SourceError(why or f"{redact(entry)}: the pattern matches no file")
         else:
             name = where.rstrip("/").rsplit("/", 1)[-1]
             files = {}
-            if self.protocol not in ("http", "https") and (entry.endswith("/") or keep is None or not keep(name)):
+            web = self.protocol in ("http", "https")
+            unread = keep is not None and not keep(name)  # no ending tidal reads: a directory, or a page of links
+            denied: StorageError | None = None
+            if not web and (entry.endswith("/") or keep is None or unread):
                 try:
                     files = self._find(entry, keep)  # named like a directory: one LIST, no HEAD first
                 except StorageError as exc:
                     if not exc.permanent:
                         raise  # not there as a directory: what it is, the stat below says
+                    denied = None if _not_found(exc) else exc  # may not list it: may still read it
             if not files:
-                info = self._info(entry)
-                if info.get("type") == "directory" or entry.endswith("/"):  # http(s): a page of links
+                try:
+                    info = self._info(entry, named=True)
+                except StorageError as exc:
+                    if denied is not None and (entry.endswith("/") or isinstance(exc, SourceError) or _not_found(exc)):
+                        raise denied from None  # named as a directory: that it may not be listed is the news
+                    raise
+                page = web and unread and info.get("mimetype") == "text/html"  # http://host/web: the page of web/
+                if info.get("type") == "directory" or entry.endswith("/") or page:  # http(s): a page of links
                     files = self._find(entry, keep)
                     if not files:
                         raise SourceError(f"{redact(entry)}: the directory holds no file tidal can read")
@@ -278,7 +355,7 @@ class Remote:
         """The files under the directory ``entry`` (names starting with ``.`` or ``_`` skipped,
         only those ``keep(name)`` accepts), as the listing describes them."""
         path = self.path(entry)
-        found = call(lambda: self.fs.find(path, detail=True), url=entry, what="LIST", retry=self.storage.retry)
+        found = self._call(lambda: self.fs.find(path, detail=True), entry, "LIST")
         base = path.rstrip("/")
         files = {}
         for k, v in found.items():
@@ -289,6 +366,21 @@ class Remote:
             if v.get("type", "file") == "file" and (keep is None or keep(parts[-1])):
                 files[k] = v
         return files
+
+
+class RangeIgnored(ValueError):
+    """A ranged GET answered with a body that is neither the range nor the whole object."""
+
+
+# per process, by scheme and host: True once a ranged GET was answered with the range alone,
+# False once one was answered with the whole object (the server ignores Range)
+_RANGES: dict[str, bool] = {}
+
+
+def _host(url: str) -> str:
+    """``scheme://host[:port]`` of a URL: what answers its requests."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 def _exists(exc: BaseException) -> bool:

@@ -7,7 +7,8 @@ builds a client (:mod:`tidal.storage.fs`), :func:`guard` puts one filter on ever
 the client libraries (a logger's filters see only the records logged on it, not those of its
 children, hence each of them). It rewrites a record only when the record holds a secret: a
 credential from the ``storage_options`` tidal was given (any string under a key that names
-one), a session token or signature header, or a signed URL's query string. Records of loggers
+one), a session token or signature header, a signed URL's query string, or the value of any
+field that names a secret (:func:`tidal.storage.retry.redact`). Records of loggers
 that are not enabled are never made, so this costs nothing unless DEBUG logging is on.
 """
 
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from tidal.storage.retry import redact_urls
+from tidal.storage.retry import redact
 
 LIBRARIES = (
     "botocore",
@@ -72,7 +73,7 @@ class _Redact(logging.Filter):
         return True
 
     def clean(self, text: str) -> str:
-        text = _KEY_ID.sub(r"\1<redacted>", _HEADERS.sub(r"\1<redacted>", redact_urls(text)))
+        text = _KEY_ID.sub(r"\1<redacted>", _HEADERS.sub(r"\1<redacted>", redact(text)))
         for secret in self.secrets:
             text = text.replace(secret, "<redacted>")
         return text

@@ -112,7 +112,7 @@ class Prefetcher:
 
         Held until :meth:`release`."""
         shard = self._shards[index]
-        if index in self._ranged or wants_ranges(shard, self._columns):
+        if index in self._ranged or (wants_ranges(shard, self._columns) and self._fetcher.ranged_reads(shard.path)):
             handle = self._fetcher.lookup(entry(shard, self._check))  # a whole copy already here is cheaper still
             if handle is None:
                 return lambda: self._fetcher.range_file(shard.path, shard.bytes)

@@ -165,7 +165,9 @@ _THROTTLE_CODES = {
     "BandwidthLimitExceeded",
     "EC2ThrottledException",
 }
-_THROTTLE_TEXT = re.compile(r"SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|(?<![\d.])429(?![\d.])|rateLimitExceeded")
+_THROTTLE_TEXT = re.compile(
+    r"SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|(?<![\d.])429(?![\d.])|rateLimitExceeded|ServerBusy"
+)
 
 
 def throttled(exc: BaseException) -> bool:
@@ -221,13 +223,19 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
             raise
         except Exception as exc:
             tries += 1
+            if check is not None:
+                check(exc)
             if not transient(exc):
                 raise StorageError(
                     f"{url}: {what} failed: {describe(exc)}", url=url, attempts=tries, permanent=True
                 ) from _clean(exc)
             took = time.monotonic() - start
             if throttled(exc) and retry.throttled_s > 0:
-                over = took >= retry.throttled_s
+                now = time.monotonic()
+                throttled_at = now if throttled_at is None else throttled_at
+                over = (
+                    now - throttled_at >= retry.throttled_s
+                )  # a slow first try (a client starting) is not the store's
                 why = f"the store kept throttling it for {retry.throttled_s:g}s (Retry.throttled_s)"
             else:
                 failures += 1
@@ -264,7 +272,16 @@ def describe(exc: BaseException) -> str:
     status = next((st for e in _chain(exc) if (st := code_and_status(e)[1]) is not None), None)
     if status is not None and f"{status}" not in text:
         text = f"HTTP {status}, {text}"  # what a person searches for; some clients leave it out
-    return redact(text.split("\n\nDebug source:")[0])[:600]  # obstore appends pages of debug output
+    text, _, debug = text.partition("\n\nDebug source:")  # obstore appends pages of debug output
+    found = _OS_ERROR.search(debug)  # and says only there why a request could not be sent
+    if found is not None and found["message"] not in text:
+        text += f" ({found['kind']}: {found['message']})"
+    return redact(text)[:600]
+
+
+# in obstore's debug output, the system's error under a request that failed: "kind: ConnectionRefused,
+# message: "Connection refused""
+_OS_ERROR = re.compile(r'kind: (?P<kind>\w+),\s*message: "(?P<message>[^"]{1,200})"')
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")

@@ -165,9 +165,7 @@ _THROTTLE_CODES = {
     "BandwidthLimitExceeded",
     "EC2ThrottledException",
 }
-_THROTTLE_TEXT = re.compile(
-    r"SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|(?<![\d.])429(?![\d.])|rateLimitExceeded|ServerBusy"
-)
+_THROTTLE_TEXT = re.compile(r"SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|(?<![\d.])429(?![\d.])|rateLimitExceeded")
 
 
 def throttled(exc: BaseException) -> bool:
@@ -186,6 +184,8 @@ def _judge(e: BaseException) -> bool | None:
     if name in _TRANSIENT_NAMES:
         return True
     code, status = code_and_status(e)
+    if status in (501, 505):  # Not Implemented (a PUT to a read-only web server), HTTP Version: never another try
+        return False
     if code in _TRANSIENT_CODES or status in (408, 429) or (status is not None and status >= 500):
         return True
     if code in _PERMANENT_CODES or (status is not None and 400 <= status < 500):
@@ -223,19 +223,13 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
             raise
         except Exception as exc:
             tries += 1
-            if check is not None:
-                check(exc)
             if not transient(exc):
                 raise StorageError(
                     f"{url}: {what} failed: {describe(exc)}", url=url, attempts=tries, permanent=True
                 ) from _clean(exc)
             took = time.monotonic() - start
             if throttled(exc) and retry.throttled_s > 0:
-                now = time.monotonic()
-                throttled_at = now if throttled_at is None else throttled_at
-                over = (
-                    now - throttled_at >= retry.throttled_s
-                )  # a slow first try (a client starting) is not the store's
+                over = took >= retry.throttled_s
                 why = f"the store kept throttling it for {retry.throttled_s:g}s (Retry.throttled_s)"
             else:
                 failures += 1
@@ -272,28 +266,57 @@ def describe(exc: BaseException) -> str:
     status = next((st for e in _chain(exc) if (st := code_and_status(e)[1]) is not None), None)
     if status is not None and f"{status}" not in text:
         text = f"HTTP {status}, {text}"  # what a person searches for; some clients leave it out
-    text, _, debug = text.partition("\n\nDebug source:")  # obstore appends pages of debug output
-    found = _OS_ERROR.search(debug)  # and says only there why a request could not be sent
-    if found is not None and found["message"] not in text:
-        text += f" ({found['kind']}: {found['message']})"
-    return redact(text)[:600]
-
-
-# in obstore's debug output, the system's error under a request that failed: "kind: ConnectionRefused,
-# message: "Connection refused""
-_OS_ERROR = re.compile(r'kind: (?P<kind>\w+),\s*message: "(?P<message>[^"]{1,200})"')
+    return redact(text.split("\n\nDebug source:")[0])[:600]  # obstore appends pages of debug output
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 _QUERY = re.compile(r"(https?://[^\s?'\"]+)\?[^\s'\"]*")
-_SECRET_FIELD = re.compile(
-    r"(?i)((?:secret|token|password|signature|credential|key)[\w-]*['\"]?\s*[:=]\s*['\"]?)[^\s,'\"&}]+"
+# a field that holds a secret, by its name; what is hidden is its value, never the words around it
+_NAME = r"[\w-]*(?:secret|token|password|passwd|signature|credential|key|sig|sas)[\w-]*"
+_VALUE = r"""(?P<value>b?"[^"]*"|b?'[^']*'|[^\s,;'"&}<>]+)"""
+_ASSIGNED = re.compile(rf"(?i)(?P<name>{_NAME}['\"]?\s*=\s*){_VALUE}")  # key=value: queries, connection strings
+_QUOTED = re.compile(rf"(?i)(?P<name>['\"]{_NAME}['\"]\s*:\s*){_VALUE}")  # 'key': value: a dict's or JSON's text
+_COLON = re.compile(rf"(?i)(?<![\w-])(?P<name>{_NAME}\s*:\s*){_VALUE}")  # key: value, a header's or YAML's
+# ``NoSuchKey: The specified key...``, ``KeyError: 'x'``: an error's type before its message, not a field
+_TYPE_NAME = re.compile(r"[A-Z][a-z0-9]*(?:[A-Z]+[a-z0-9]*)+\s*:\s*")
+# secrets known by their shape wherever they stand: AWS access key ids, Hub, GitHub and Google OAuth tokens
+_SHAPED = re.compile(
+    r"\b(?:AKIA|ASIA|AIDA|AROA|AGPA|ANPA|ANVA|APKA)[A-Z0-9]{16}\b|\bhf_[A-Za-z0-9]{20,}\b"
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}\b|\bya29\.[\w.-]+"
+)
+# a token after its scheme: an Authorization header's (any scheme), a bearer token anywhere
+_BEARER = re.compile(
+    r"(?i:(?P<lead>authorization['\"]?\s*[:=]\s*b?['\"]?(?:bearer|basic|token)\s+))[A-Za-z0-9._~+/=-]+"
+    r"|(?<=\bBearer )[A-Za-z0-9._~+/=-]{16,}"
 )
 
 
+def _hidden(match: re.Match[str]) -> str:
+    """A field with its value replaced, the value's quotes kept."""
+    value = match["value"]
+    quote = value[:2] if value[:2] in ("b'", 'b"') else value[:1] if value[:1] in "'\"" else ""
+    return f"{match['name']}{quote}<redacted>{quote[-1:] if quote else ''}"
+
+
+def _field(match: re.Match[str]) -> str:
+    return match[0] if _TYPE_NAME.fullmatch(match["name"]) else _hidden(match)
+
+
 def redact(text: str) -> str:
-    """``text`` without ``user:password@`` in URLs, query strings (signatures) or ``secret=...`` fields."""
-    return _SECRET_FIELD.sub(r"\1<redacted>", redact_urls(text))
+    """``text`` without ``user:password@`` in URLs, query strings (signatures), the values of
+    fields that name a secret (``secret=...``, ``'token': ...``, ``x-amz-security-token: ...``),
+    bearer tokens and access key ids; the words around them are left as they are.
+
+    >>> redact("NoCredentialsError: Unable to locate credentials; token=FwoGZX")
+    'NoCredentialsError: Unable to locate credentials; token=<redacted>'
+    """
+    text = _ASSIGNED.sub(_hidden, redact_urls(text))
+    text = _COLON.sub(_field, _QUOTED.sub(_hidden, text))
+    return _BEARER.sub(_scheme, _SHAPED.sub("<redacted>", text))
+
+
+def _scheme(match: re.Match[str]) -> str:
+    return (match["lead"] or "") + "<redacted>"
 
 
 def redact_urls(text: str) -> str:

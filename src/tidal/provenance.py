@@ -37,7 +37,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from tidal.errors import ArgumentError, StateError
 from tidal.iterator import DatasetIterator
@@ -51,7 +51,7 @@ from tidal.world import World
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
 
-__all__ = ["Replay", "Segment", "Step", "as_saved", "load_state", "trace", "traced"]
+__all__ = ["Replay", "Segment", "Step", "load_state", "trace", "traced"]
 
 Segment = dict[str, Any]
 """``{"file": str, "row": int, "start": int | None, "end": int | None, "stream": str | None}``"""
@@ -216,6 +216,14 @@ def _count(value: Any, what: str, lo: int = 1) -> int:
     return value
 
 
+@overload
+def load_state(state: None) -> None: ...
+
+
+@overload
+def load_state(state: dict | str | Path) -> dict: ...
+
+
 def load_state(state: dict | str | Path | None) -> dict | None:
     """A state given as a dict, or the path of its JSON file; None stays None (the start of a run).
     Every error names the file and what is wrong with it."""
@@ -243,7 +251,7 @@ def load_state(state: dict | str | Path | None) -> dict | None:
     )
 
 
-def as_saved(dataset: Dataset, state: dict | None, batch_size: int | None = None, drop_last: bool = False) -> Dataset:
+def _as_saved(dataset: Dataset, state: dict | None, batch_size: int | None = None, drop_last: bool = False) -> Dataset:
     """The dataset ``state`` was saved from: ``dataset`` itself, or ``dataset`` batched as a loader
     made with ``tidal.DataLoader(dataset, batch_size=n)`` batched it (``batch_size``, else the
     state's fixed batch size, with ``drop_last`` either way). The fingerprint decides: where none
@@ -321,7 +329,7 @@ def traced(
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ArgumentError(f"{what} must be a non-negative int, not {value!r}")
     loaded = load_state(state)
-    dataset = as_saved(dataset, loaded, batch_size, drop_last)
+    dataset = _as_saved(dataset, loaded, batch_size, drop_last)
     try:
         replay = Replay(dataset, loaded, rank, world_size, num_workers)
     except StateError as exc:

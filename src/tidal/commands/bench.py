@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidal.commands import add_source, open_dataset, progress_on, rate, seconds, size
 from tidal.commands.plot import Series, png, terminal
-from tidal.errors import ArgumentError, MissingDependency, TidalError
+from tidal.errors import ArgumentError, MissingDependency
 from tidal.progress import Bar
 
 if TYPE_CHECKING:
@@ -222,7 +222,9 @@ class Batches:
             batch = next(self._it)
         except StopIteration:
             if not self.taken:
-                raise TidalError("the pipeline yields no batch: nothing to measure") from None
+                raise ArgumentError(
+                    "the pipeline yields no batch (fewer records than a batch?): nothing to measure"
+                ) from None
             self._carried += self._state_records() or 0
             self.passes.append(self.taken)
             self.close()

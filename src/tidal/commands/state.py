@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from tidal.errors import StateError
 
@@ -89,7 +89,7 @@ def read(path: str) -> dict:
     the JSON breaks, not an object)."""
     from tidal.provenance import load_state
 
-    return cast(dict, load_state(Path(path)))
+    return load_state(Path(path))
 
 
 def _named(path: str, exc: StateError) -> StateError:

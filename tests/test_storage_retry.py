@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from tidal.errors import StorageError
 from tidal.storage import Retry, Storage, parse_size
-from tidal.storage.retry import Truncated, call, redact, transient
+from tidal.storage.retry import Truncated, call, describe, redact, throttled, transient
 from tidal.storage.stats import Stats
 
 
@@ -152,6 +153,59 @@ def test_a_store_that_throttles_is_tried_for_throttled_s_whatever_the_attempts()
     with pytest.raises(StorageError, match=r"failed 9 times .*reset"):
         call(mixed, url="s3://b/k", what="GET", retry=Retry(attempts=3, backoff=0.001, throttled_s=30))
     assert reset == 9  # the third reset ends it, after six throttled answers
+
+
+def test_the_throttled_time_counts_from_the_first_throttled_answer_not_from_a_slow_first_try() -> None:
+    """A first request slow to come back (a client starting in a new DataLoader worker) used up
+    a short throttled_s before the store had said a word: it failed once, with no retry."""
+    stats, tries = Stats(), []
+
+    def slow_then_throttled() -> bytes:
+        tries.append(1)
+        if len(tries) == 1:
+            time.sleep(0.2)
+        raise ClientError("SlowDown", 503)
+
+    with pytest.raises(StorageError, match="kept throttling"):
+        call(slow_then_throttled, url="s3://b/k", what="GET", retry=Retry(backoff=0.001, throttled_s=0.1), stats=stats)
+    assert len(tries) > 1 and stats.dict()["retries"] == len(tries) - 1
+
+
+def test_azure_server_busy_is_throttling() -> None:
+    busy = wrapped(ConnectionError("x"), Exception("The server is busy.\nErrorCode:ServerBusy"))
+    assert throttled(busy) and transient(busy)
+
+
+def test_a_check_of_each_failed_try_may_end_the_tries_with_what_the_failure_means() -> None:
+    """The fetcher's check: a body cut short because the object was replaced is said so at once,
+    not retried as a flaky network; a check that lets the error be goes on with the tries."""
+    stats, seen = Stats(), []
+
+    def cut() -> bytes:
+        raise Truncated("got 882 bytes of 17,321")
+
+    def replaced(exc: BaseException) -> None:
+        seen.append(exc)
+        raise StorageError("s3://b/k changed since the dataset was listed", url="s3://b/k", permanent=True)
+
+    with pytest.raises(StorageError, match="changed since the dataset was listed"):
+        call(cut, url="s3://b/k", what="GET", retry=Retry(attempts=4, backoff=0.001), stats=stats, check=replaced)
+    assert len(seen) == 1 and isinstance(seen[0], Truncated) and stats.dict()["retries"] == 0
+    seen.clear()
+    with pytest.raises(StorageError, match="failed 4 times"):
+        call(cut, url="s3://b/k", what="GET", retry=Retry(attempts=4, backoff=0.001), stats=stats, check=seen.append)
+    assert len(seen) == 4 and stats.dict()["retries"] == 3  # the request that failed for good: 3 retries counted
+
+
+def test_obstore_says_why_a_request_could_not_be_sent_only_in_its_debug_output() -> None:
+    text = (
+        "Generic S3 error: Error performing GET http://127.0.0.1:42957/b/x in 530.26µs - HTTP error: error "
+        'sending request\n\nDebug source:\nGeneric {\n    store: "S3",\n    source: RetryError(\n        '
+        'ConnectError(\n    "tcp connect error",\n    Os {\n        code: 111,\n        kind: ConnectionRefused,'
+        '\n        message: "Connection refused",\n    },\n    ),\n}'
+    )
+    said = describe(Exception(text))
+    assert said.endswith("error sending request (ConnectionRefused: Connection refused)") and "Debug" not in said
 
 
 def test_sizes_are_read_as_people_write_them() -> None:

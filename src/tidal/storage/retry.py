@@ -115,9 +115,9 @@ class Retry:
 
     A store that says it is *throttling* (429, ``SlowDown``, ``Throttling``...) is up and asks
     for fewer requests: such answers do not use up ``attempts``; the request is tried again,
-    with the same backoff, for up to ``throttled_s`` seconds from its first try. So a job under
-    sustained throttling slows down rather than fails. ``throttled_s=0``: a throttled try counts
-    as any other.
+    with the same backoff, for up to ``throttled_s`` seconds from the first such answer. So a
+    job under sustained throttling slows down rather than fails. ``throttled_s=0``: a throttled
+    try counts as any other.
     """
 
     attempts: int = 8
@@ -164,8 +164,11 @@ _THROTTLE_CODES = {
     "ProvisionedThroughputExceededException",
     "BandwidthLimitExceeded",
     "EC2ThrottledException",
+    "ServerBusy",  # Azure Storage's 503 when an account or partition is over its targets
 }
-_THROTTLE_TEXT = re.compile(r"SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|(?<![\d.])429(?![\d.])|rateLimitExceeded")
+_THROTTLE_TEXT = re.compile(
+    r"SlowDown|[Tt]hrottl|[Tt]oo [Mm]any [Rr]equests|(?<![\d.])429(?![\d.])|rateLimitExceeded|ServerBusy"
+)
 
 
 def throttled(exc: BaseException) -> bool:
@@ -208,14 +211,28 @@ def code_and_status(e: BaseException) -> tuple[str | None, int | None]:
     return None, status if isinstance(status, int) else None
 
 
-def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats | None = None) -> T:
+def call(
+    fn: Callable[[], T],
+    *,
+    url: str,
+    what: str,
+    retry: Retry,
+    stats: Stats | None = None,
+    check: Callable[[BaseException], None] | None = None,
+) -> T:
     """``fn()``, retried on transient errors; a :class:`StorageError` naming ``url`` when it gives up.
+
+    ``check(error)`` sees each failed try's error first and may raise a :class:`StorageError`
+    that says what it means instead (a body cut short because the object was replaced): that
+    ends the tries at once, as no other try could help. ``stats`` counts every retry, those
+    of a request whose tries run out included (8 tries: 7 retries).
 
     >>> data = call(lambda: fs.cat_file(path), url=url, what="GET", retry=Retry())
     """
     start = time.monotonic()
     url = redact(url)  # a signed URL's query string is a credential
     tries = failures = 0  # failures: the tries that use up attempts (not throttled ones)
+    throttled_at: float | None = None  # the first answer that the store is throttling
     while True:
         try:
             return fn()
@@ -223,13 +240,19 @@ def call(fn: Callable[[], T], *, url: str, what: str, retry: Retry, stats: Stats
             raise
         except Exception as exc:
             tries += 1
+            if check is not None:
+                check(exc)
             if not transient(exc):
                 raise StorageError(
                     f"{url}: {what} failed: {describe(exc)}", url=url, attempts=tries, permanent=True
                 ) from _clean(exc)
             took = time.monotonic() - start
             if throttled(exc) and retry.throttled_s > 0:
-                over = took >= retry.throttled_s
+                now = time.monotonic()
+                throttled_at = now if throttled_at is None else throttled_at
+                over = (
+                    now - throttled_at >= retry.throttled_s
+                )  # a slow first try (a client starting) is not the store's
                 why = f"the store kept throttling it for {retry.throttled_s:g}s (Retry.throttled_s)"
             else:
                 failures += 1
@@ -266,7 +289,16 @@ def describe(exc: BaseException) -> str:
     status = next((st for e in _chain(exc) if (st := code_and_status(e)[1]) is not None), None)
     if status is not None and f"{status}" not in text:
         text = f"HTTP {status}, {text}"  # what a person searches for; some clients leave it out
-    return redact(text.split("\n\nDebug source:")[0])[:600]  # obstore appends pages of debug output
+    text, _, debug = text.partition("\n\nDebug source:")  # obstore appends pages of debug output
+    found = _OS_ERROR.search(debug)  # and says only there why a request could not be sent
+    if found is not None and found["message"] not in text:
+        text += f" ({found['kind']}: {found['message']})"
+    return redact(text)[:600]
+
+
+# in obstore's debug output, the system's error under a request that failed: "kind: ConnectionRefused,
+# message: "Connection refused""
+_OS_ERROR = re.compile(r'kind: (?P<kind>\w+),\s*message: "(?P<message>[^"]{1,200})"')
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")

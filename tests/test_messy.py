@@ -243,12 +243,16 @@ def test_bad_csv_rows_are_reported_once_by_the_reader_that_owns_them(tmp_path: P
     assert len(seen) + 2 == 60 and len(set(seen)) == len(seen)  # 60 rows: no remainder for 1, 2 or 3 readers
 
 
-def test_csv_types_are_each_files_and_text_keeps_na(tmp_path: Path) -> None:
+def test_csv_types_are_the_datasets_and_text_keeps_na(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("text,score\na,1\nb,2\n")
     (tmp_path / "b.csv").write_text("text,score\nNA,x\nnull,\n")
     (tmp_path / "c.csv").write_text("text,score\nn/a,n/a\nd,4\n")
     got = {r["text"]: r["score"] for r in tidal.Dataset(tmp_path)}
-    assert got == {"a": 1, "b": 2, "NA": "x", "null": "", "n/a": None, "d": 4}  # an empty text is ""
+    # score is text in b.csv: text in every file (one type per column), which keeps n/a and "" as they are
+    assert got == {"a": "1", "b": "2", "NA": "x", "null": "", "n/a": "n/a", "d": "4"}
     for workers in (0, 2):
         batches = list(tidal.DataLoader(tidal.Dataset(tmp_path).batch(3), num_workers=workers))
         assert {t: s for b in batches for t, s in zip(b["text"], b["score"], strict=True)} == got
+    (tmp_path / "b.csv").unlink()
+    got = {r["text"]: r["score"] for r in tidal.Dataset(tmp_path)}
+    assert got == {"a": 1, "b": 2, "n/a": None, "d": 4}  # numbers in every file: n/a is None

@@ -22,6 +22,7 @@ from conftest import read_index
 from fault_proxy import FaultProxy
 
 import tidal
+from tidal.sources.index_file import INDEX_NAME
 from tidal.storage import Storage
 
 pytestmark = pytest.mark.slow
@@ -57,6 +58,9 @@ class Requests:
 
     def heads(self) -> int:
         return sum(m == "HEAD" for m, *_ in self.seen)
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [(m, p) for m, p, *_ in self.seen if m in ("PUT", "POST", "DELETE")]
 
     def gets(self, suffix: str) -> list[tuple[str, str | None]]:
         return [(p, r) for m, p, q, r in self.seen if m == "GET" and p.endswith(suffix) and "list-type" not in q]
@@ -179,7 +183,9 @@ def test_index_command_prints_what_it_published(
     assert published["complete"] is True and sorted(published["files"]) == [f"part-{k:04d}.jsonl.zst" for k in range(5)]
 
 
-def run_ranks(tmp_path: Path, name: str, url: str, options: dict, nodes: int, per_node: int) -> list[dict]:
+def run_ranks(
+    tmp_path: Path, name: str, url: str, options: dict, nodes: int, per_node: int, publish: bool = False
+) -> list[dict]:
     out = tmp_path / name
     out.mkdir()
     commands = []
@@ -194,6 +200,7 @@ def run_ranks(tmp_path: Path, name: str, url: str, options: dict, nodes: int, pe
                     "cache_dir": str(tmp_path / f"{name}-node{node}"),
                     "out": str(out),
                     "shuffle": BLOCKS,
+                    "publish_index": publish,
                 }
             )
         )
@@ -203,25 +210,38 @@ def run_ranks(tmp_path: Path, name: str, url: str, options: dict, nodes: int, pe
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nodes * per_node)]
 
 
-@pytest.mark.parametrize("corpus", ["jsonl", "parquet"])
-def test_without_an_index_the_dataset_is_counted_once_for_every_node(
-    s3: Any, bucket: str, tmp_path: Path, proxied: Any, corpus: str
+@pytest.mark.parametrize(
+    ("corpus", "publish"),
+    [("jsonl", False), ("jsonl", True), ("parquet", False)],
+    ids=["jsonl", "published", "parquet"],
+)
+def test_without_an_index_each_node_counts_once_writing_nothing_unless_asked_to_publish(
+    s3: Any, bucket: str, tmp_path: Path, proxied: Any, corpus: str, publish: bool
 ) -> None:
     proxy, requests = proxied
     write = jsonl_corpus if corpus == "jsonl" else parquet_corpus
     data = write(tmp_path / "data")
     total = sum(p.stat().st_size for p in data.iterdir())
     url = s3.upload(data, bucket, "web")
-    ranks = run_ranks(tmp_path, "job", url, s3.options(proxy.endpoint), nodes=2, per_node=4)
+    ranks = run_ranks(tmp_path, "job", url, s3.options(proxy.endpoint), nodes=2, per_node=4, publish=publish)
     assert {r["records"] for r in ranks} == {FILES * 20}
     assert len({r["id"] for r in ranks}) == 8  # each rank its own first record
     held = sorted(max(r["cache_bytes"] for r in ranks if r["rank"] // 4 == n) for n in range(2))
     first_reads = 0.6 * total  # four ranks' first blocks (20 files each) and what each fetched ahead (8)
+    whole = [p for p, r in requests.gets(".jsonl.zst") if r is None or r.startswith("bytes=0-")]
+    written = {p.rsplit("/", 1)[-1] for _, p in requests.writes()}
+    if not publish:  # a read writes nothing beside the data; the machine's cache keeps what it counted
+        assert written == set(), written
+        keys = [o["Key"] for o in s3.client.list_objects_v2(Bucket=bucket)["Contents"]]
+        assert all(k.endswith(f".{corpus}" if corpus == "parquet" else ".jsonl.zst") for k in keys), keys
     if corpus == "parquet":
         assert held[1] < first_reads  # counted from footers: no node downloads the dataset to count it
         return
+    if not publish:  # each node (not each rank) counts once: the processes of a machine count through its cache
+        assert held == [total, total] and len(whole) == 2 * FILES, (held, total, len(whole))
+        return
+    assert written == {".tidal-index.json", ".tidal-index.json.claim"}, written
     assert held[0] < first_reads and held[1] == total  # one node counted (and published) for both
-    whole = [p for p, r in requests.gets(".jsonl.zst") if r is None or r.startswith("bytes=0-")]
     assert len(whole) < 1.6 * FILES  # the dataset downloaded once for the job, and the first reads: not per node
 
 
@@ -255,22 +275,43 @@ def test_under_torch_distributed_rank_0_opens_the_dataset_for_every_rank(
     ]  # one listing for the job (and a look for a published index)
     footers = {p for p, r in requests.gets(".parquet") if r is not None and not r.startswith("bytes=0-")}
     assert len(footers) <= 40  # counted once, by rank 0
+    assert requests.writes() == []  # nothing written beside the data: the ranks share rank 0's count
 
 
-def test_a_job_that_may_not_publish_warns_once_naming_tidal_index_and_the_bytes(
+def test_a_job_without_an_index_warns_once_naming_tidal_index_and_the_bytes(
     s3: Any, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     data = jsonl_corpus(tmp_path / "data", files=6)
     size = sum(p.stat().st_size for p in data.iterdir())
     caplog.set_level(logging.WARNING, logger="tidal")
-    for name, kwargs, why in [
-        ("off", {"publish_index": False}, "publish_index is off"),
-        ("denied", {"index_url": f"s3://{bucket}-no-such-bucket/index.json"}, "it may not write"),
+    url = s3.upload(data, bucket, "web")
+    storage = Storage(options=s3.options(), cache_dir=str(tmp_path / "c"))
+    assert tidal.Dataset(url, storage=storage).num_records == 120
+    warned = [r.getMessage() for r in caplog.records if "tidal index" in r.getMessage()]
+    assert len(warned) == 1 and "no index is published beside the data, so this node downloaded 6 files" in warned[0]
+    assert f"{size:,} bytes" in warned[0] and f"run `tidal index {url}` once" in warned[0], warned
+    assert tidal.Dataset(url, storage=storage).num_records == 120  # counted: from the machine's cache
+    assert len([r for r in caplog.records if "tidal index" in r.getMessage()]) == 1
+
+
+def test_a_named_index_that_cannot_be_read_is_an_error_before_anything_is_listed_or_written(
+    s3: Any, bucket: str, tmp_path: Path, proxied: Any
+) -> None:
+    proxy, requests = proxied
+    url = s3.upload(jsonl_corpus(tmp_path / "data", files=3), bucket, "web")
+    options = s3.options(proxy.endpoint)
+    for index_url, why in [
+        (f"s3://{bucket}/indexes/TYPO.json", "is not there"),
+        (f"s3://{bucket}-no-such-bucket/index.json", "is not there"),
+        (str(tmp_path / "my-index.json"), "is not there"),
     ]:
-        url = s3.upload(data, bucket, name)
-        caplog.clear()
-        storage = Storage(options=s3.options(), cache_dir=str(tmp_path / name), **kwargs)
-        assert tidal.Dataset(url, storage=storage).num_records == 120
-        warned = [r.getMessage() for r in caplog.records if "tidal index" in r.getMessage()]
-        assert len(warned) == 1 and why in warned[0] and f"{size:,} bytes" in warned[0], warned
-        assert f"tidal index {url}" in warned[0]
+        requests.clear()
+        storage = Storage(options=options, cache_dir=str(tmp_path / "c"), index_url=index_url, publish_index=True)
+        with pytest.raises(tidal.StorageError, match=rf"{index_url}: the index named by index_url {why}"):
+            tidal.Dataset(url, storage=storage)
+        assert requests.lists() == requests.heads() == 0 and requests.writes() == [], requests.seen
+    local = tmp_path / "indexes"
+    tidal.index(url, to=f"{local}/", storage_options=options, cache_dir=tmp_path / "indexer")  # a local file
+    requests.clear()
+    ds = tidal.Dataset(url, storage_options=options, cache_dir=tmp_path / "node", index_url=str(local / INDEX_NAME))
+    assert ds.num_records == 60 and requests.seen == []  # S3 data opened from a local index: no request at all

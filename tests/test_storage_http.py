@@ -6,17 +6,19 @@ import contextlib
 import functools
 import http.server
 import io
+import json
 import os
 import random
 import re
 import shutil
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_shards, write_jsonl, write_parquet
+from conftest import make_shards, mds_writer, write_jsonl, write_parquet
 
 import tidal
 from tidal.storage import Retry, Storage
@@ -158,6 +160,59 @@ def test_a_parquet_file_read_in_place_from_a_server_that_ignores_range_is_fetche
         assert remote.ignores_ranges(base)
         again = RangeFile(remote, f"{base}/wide.parquet", size, remote.stats)
         assert again.read(4) == b"PAR1" and len(seen) == 2 and seen[-1][2] is None  # known now: asked whole
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_an_mds_directory_is_counted_from_its_index_json_and_each_shard_checked_against_it(
+    tmp_path: Path, compression: str | None
+) -> None:
+    root = tmp_path / "mds"
+    columns = {"id": "int", "text": "str"}
+    with mds_writer()(out=str(root), columns=columns, size_limit=1 << 10, compression=compression) as w:
+        for i in range(200):
+            w.write({"id": i, "text": f"doc {i} " * 5})
+    shards = sorted(p.name for p in root.glob("shard.*"))
+    assert len(shards) > 3
+    with serving(root) as (base, seen):
+        settings = Storage(cache_dir=str(tmp_path / "cache"), retry=Retry(attempts=2, backoff=0.01), timeout=5)
+        ds = tidal.Dataset(base + "/", storage=settings)
+        assert ds.num_records == 200
+        assert [p for m, p, _ in seen if m == "GET" and p.startswith("/shard.")] == []  # counted, none downloaded
+        assert sorted(r["id"] for r in ds) == list(range(200))
+        index = json.loads((root / "index.json").read_text())
+        index["shards"][1]["samples"] += 1  # an index.json that does not describe its shard
+        (root / "index.json").write_text(json.dumps(index))
+        lied = tidal.Dataset(base + "/", storage=replace(settings, cache_dir=str(tmp_path / "other")))
+        assert lied.num_records == 201
+        with pytest.raises(tidal.FormatError, match=r"samples, not the \d+ the index.json beside it says"):
+            list(lied)
+
+
+def test_tidal_index_of_a_web_directory_is_written_where_asked_and_jobs_open_it_from_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tidal.cli import main
+
+    make_shards(tmp_path / "site" / "web", [10, 20, 5])
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    with serving(tmp_path / "site") as (base, seen):
+        assert main(["index", f"{base}/web", *cache]) == 2  # no --to: tidal writes nothing to a web server
+        assert "--to" in capsys.readouterr().err and seen == []  # said at once: nothing listed, counted or PUT
+        to = tmp_path / "indexes"
+        assert main(["index", f"{base}/web", "--to", f"{to}/", *cache]) == 0  # a directory URL without its slash
+        assert f"35 records, 1.41 kB: index published at {to}/.tidal-index.json" in capsys.readouterr().out
+        seen.clear()
+        ds = tidal.Dataset(f"{base}/web", index_url=str(to / ".tidal-index.json"), cache_dir=tmp_path / "node")
+        assert ds.num_records == 35 and seen == []  # a local index for web data: no listing, no HEAD, no count
+        assert sorted(r["id"] for r in ds) == list(range(35))
+        for typo in (str(to / "TYPO.json"), f"{base}/web/TYPO.json"):
+            seen.clear()
+            with pytest.raises(tidal.StorageError, match=r"TYPO.json: the index named by index_url is not there"):
+                tidal.Dataset(f"{base}/web/", index_url=typo, cache_dir=tmp_path / "node2")
+            assert [m for m, *_ in seen] == ([] if "://" not in typo else ["GET"])  # nothing listed or written
+        (to / "bad.json").write_text("not an index")
+        with pytest.raises(tidal.StorageError, match=r"bad.json: the index named by index_url is not JSON"):
+            tidal.Dataset(f"{base}/web/", index_url=str(to / "bad.json"), cache_dir=tmp_path / "node2")
 
 
 def test_a_write_the_server_does_not_implement_is_refused_at_once_not_retried(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ messages of every client come out of it as they went in.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -131,6 +132,33 @@ def test_access_denied_says_which_credentials_may_not_do_what_on_which_bucket(gu
     with pytest.raises(tidal.StorageError, match="the store does not accept the credentials in use") as err:
         tidal.Dataset("s3://bkt/data/", storage=guarded.storage(tmp_path, wrong))
     assert "AKIAWRONGWRONGWRONG1" not in str(err.value) and "does not exist in our records" in str(err.value)
+
+
+def test_credentials_that_may_read_but_not_write_read_the_data_and_write_nothing(
+    guarded: Guarded, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidal.sources import counting
+
+    caplog.set_level(logging.WARNING, logger="tidal")
+    for publish in (False, True):  # asked to publish: the write is refused, and the job goes on
+        monkeypatch.setattr(counting, "_warned", set())  # once per dataset and process: once for each here
+        caplog.clear()
+        settings = guarded.storage(tmp_path / str(publish), guarded.reader, publish_index=publish)
+        ds = tidal.Dataset("s3://bkt/data/", storage=settings)
+        assert sorted(r["id"] for r in ds) == list(range(15))
+        warned = [r.getMessage() for r in caplog.records if "tidal index" in r.getMessage()]
+        assert len(warned) == 1 and "run `tidal index s3://bkt/data` once" in warned[0], warned
+        assert ("it may not write s3://bkt/data/.tidal-index.json" in warned[0]) is publish, warned
+    import boto3
+
+    reader = boto3.client("s3", endpoint_url=guarded.endpoint, region_name="us-east-1", **_boto(guarded.reader))
+    assert sorted(o["Key"] for o in reader.list_objects_v2(Bucket="bkt")["Contents"]) == [
+        f"data/part-{k:03d}.jsonl" for k in range(3)
+    ]  # nothing written beside the data: no index, no claim
+
+
+def _boto(options: dict[str, Any]) -> dict[str, str]:
+    return {"aws_access_key_id": options["key"], "aws_secret_access_key": options["secret"]}
 
 
 def test_no_credentials_at_all_says_so_in_full_words(

@@ -110,10 +110,11 @@ class Dataset:
         its fields.
 
         A remote directory or glob is opened from the index published beside it (``tidal
-        index URL``, or ``index_url``) when there is one: one request, no listing. Where there
-        is none, what this job counts is published there for the next ones, where the store
-        lets it (``Storage.publish_index``; see :mod:`tidal.sources.published`). ``progress``: a bar on
-        stderr while the files are indexed (tqdm, ``tidal[cli]``).
+        index URL``) when there is one: one request, no listing. ``index_url`` names an index
+        elsewhere (any store, or a local file): one that cannot be read is an error. Nothing is
+        written where the data is unless asked (``Storage.publish_index``; see
+        :mod:`tidal.sources.published`): what this job counts is kept in the shard cache.
+        ``progress``: a bar on stderr while the files are indexed (tqdm, ``tidal[cli]``).
 
         >>> tidal.Dataset("s3://bucket/web/*.parquet", columns=["text"], cache_limit="20GB")
         """

@@ -2,7 +2,7 @@
 
 ``run_start.py CONFIG``: CONFIG is JSON with ``url``, ``storage_options``, ``cache_dir`` (this
 rank's node's cache), ``out`` and ``shuffle`` (its options); ``dist``: join torchrun's gloo
-group first. Writes
+group first; ``publish_index``: ``Storage(publish_index=...)``. Writes
 ``out/rank-<rank>.json``: the first record's id and the bytes of shards in the node's cache.
 """
 
@@ -43,7 +43,10 @@ if __name__ == "__main__":
         rank, _ = join()
     import tidal
 
-    ds = tidal.Dataset(config["url"], storage_options=config["storage_options"], cache_dir=config["cache_dir"])
+    storage = tidal.storage.Storage(publish_index=config.get("publish_index", False))
+    ds = tidal.Dataset(
+        config["url"], storage_options=config["storage_options"], cache_dir=config["cache_dir"], storage=storage
+    )
     first = next(iter(ds.shuffle(seed=1, **config.get("shuffle", {}))))
     shards = Path(config["cache_dir"]) / "shards"
     held = sum(p.stat().st_size for p in shards.glob("*.shard")) if shards.exists() else 0

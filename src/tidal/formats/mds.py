@@ -1,7 +1,8 @@
 """Mosaic ``streaming`` MDS shards (``shard.NNNNN.mds``, also ``.mds.zstd``/``.gz``/``.bz2``/``.br``/``.snappy``).
 
 An MDS shard describes itself, so a shard is read without the ``index.json`` beside it
-(which tidal's listing leaves out)::
+(which tidal's listing leaves out); a remote shard is counted from that ``index.json`` where it
+describes it (:func:`counts`: no download to count), and checked against it when read::
 
     uint32          samples, n
     uint32[n + 1]   byte offsets of the samples in the (decompressed) shard
@@ -33,6 +34,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import posixpath
 from decimal import Decimal
 from typing import Any
 
@@ -43,7 +45,7 @@ from tidal.formats import Errors, Options, Piece, _json, bad, check_options, dat
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "mds"
-__all__ = ["NAME", "columns", "open", "scan"]
+__all__ = ["COUNTS", "NAME", "columns", "counts", "open", "scan"]
 
 SCALARS = {
     "int": "<i8",
@@ -131,6 +133,35 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
     return {"rows": shard.rows, "columns": dict(zip(shard.names, shard.encodings, strict=True))}
 
 
+COUNTS = "index.json"  # where a remote shard is counted from without a download (tidal.sources.counting)
+
+
+def counts(path: str, compression: str | None, manifest: bytes) -> dict | None:
+    """The scan of the shard ``path`` as the ``index.json`` beside it says (Mosaic writes each
+    shard's samples and columns there), so a remote shard is counted without downloading it;
+    None where the index does not describe it. A reader checks the shard against it when it
+    opens it (``samples``)."""
+    try:
+        index = json.loads(manifest)
+    except ValueError:
+        return None
+    shards = index.get("shards") if isinstance(index, dict) else None
+    name = posixpath.basename(path)
+    for shard in shards if isinstance(shards, list) else []:
+        data = shard.get("zip_data" if compression is not None else "raw_data") if isinstance(shard, dict) else None
+        if not isinstance(data, dict) or data.get("basename") != name or shard.get("format", "mds") != "mds":
+            continue
+        names, encodings, samples = shard.get("column_names"), shard.get("column_encodings"), shard.get("samples")
+        if type(samples) is not int or samples < 0 or not isinstance(names, list) or not isinstance(encodings, list):
+            return None
+        if len(names) != len(encodings) or not all(isinstance(x, str) for x in names + encodings):
+            return None
+        if not all(_known(e) for e in encodings):
+            return None
+        return {"rows": samples, "columns": dict(zip(names, encodings, strict=True)), "samples": samples}
+    return None
+
+
 def columns(info: dict) -> list[str]:
     return list(info["columns"])
 
@@ -199,6 +230,11 @@ class MdsReader:
         if "columns" in info and found != info["columns"]:
             raise FormatError(
                 f"{path}: its columns {found} are not the {info['columns']} it was indexed with; damaged?"
+            )
+        if "samples" in info and self._shard.rows != info["samples"]:  # counted from the index.json beside it
+            raise FormatError(
+                f"{path}: {self._shard.rows} samples, not the {info['samples']} the index.json beside it says "
+                "(it was counted from that); damaged, or the index.json of other shards?"
             )
         missing = [c for c in columns or [] if c not in names]
         if missing:

@@ -223,9 +223,9 @@ def _index_remote(
                 counting = _Counting(urls, keys, stats, format, fetcher, entries, where, progress)
                 target = sources.target(urls) if sources is not None and storage.publish_index else None
                 if target is None:
-                    if sources is not None:  # a job (not `tidal index`): counting is a cost to point out
-                        _warn_counting(urls, todo, stats, storage, None)
                     counting.run(todo)
+                    if sources is not None:  # a job (not `tidal index`): counting is a cost to point out
+                        _warn_counting(urls, counting.downloaded(todo), stats, storage, None)
                 else:
                     _count_once(remote, target, counting, todo, storage)
             data = entries.to_json()
@@ -322,6 +322,10 @@ class _Counting:
         self.urls, self.keys, self.stats, self.format = urls, keys, stats, format
         self.fetcher, self.entries, self.where, self.progress = fetcher, entries, where, progress
 
+    def downloaded(self, todo: list[int]) -> list[int]:
+        """Which of ``todo`` were downloaded to be counted (not from a footer or a manifest): those hashed."""
+        return [j for j in todo if "hash" in (self.entries.get(self.keys[j]) or {})]
+
     def run(self, todo: list[int]) -> None:
         if not todo:
             return
@@ -361,8 +365,8 @@ def _count_once(
                 counting.progress(len(urls) - len(todo))
             continue
         if verdict == "denied":
-            _warn_counting(urls, todo, stats, storage, url)
             counting.run(todo)
+            _warn_counting(urls, counting.downloaded(todo), stats, storage, url)
             return
         with claim.held():
             existing = read_published(remote, url, root)  # published since we looked (by a node done already)?
@@ -389,31 +393,36 @@ _warned: set[str] = set()
 
 
 def _warn_counting(
-    urls: list[str], todo: list[int], stats: dict[str, FileStat], storage: Storage, denied: str | None
+    urls: list[str], whole: list[int], stats: dict[str, FileStat], storage: Storage, denied: str | None
 ) -> None:
-    """Once per dataset: counting line files downloads them, on every node, unless an index is published."""
-    whole = [j for j in todo if not _footer_only(urls[j], stats[urls[j]].size)]
+    """Once per dataset: counting line files downloaded them (``whole``), which every job on another
+    machine does again unless an index is published."""
     root = url_root(urls)
     if not whole or root in _warned:
         return
     _warned.add(root)
     size = sum(stats[urls[j]].size for j in whole)
+    where = redact(root)
+    if protocol(urls[0]) in PUBLISHES:
+        hint = f"run `tidal index {where}` once to publish one beside the data"
+    else:  # a web server or the Hub: the index goes where tidal may write, and jobs are told where
+        hint = f"run `tidal index {where} --to FILE` once (a local file or an object store URL) and pass index_url=FILE"
+    why = ""
     if denied:
-        why = f"it may not write {redact(denied)}"
-    elif not storage.publish_index:
-        why = "publish_index is off"
-    elif protocol(urls[0]) not in PUBLISHES:
-        why = f"a job does not write to {protocol(urls[0])}:// (only to object stores)"
-    else:
-        why = "the source names no directory to publish it in"
+        why = f" (and it may not write {redact(denied)})"
+    elif storage.publish_index and protocol(urls[0]) not in PUBLISHES:
+        why = f" (a job publishes to object stores only, not to {protocol(urls[0])}://)"
+    elif storage.publish_index:
+        why = " (the source names no directory to publish it in)"
+    files = "1 file" if len(whole) == 1 else f"{len(whole)} files"
     log.warning(
-        "%s: no index is published beside the data and %s, so this node downloads %d files (%s bytes) to count "
-        "their records, as every node of the job does; run `tidal index %s` once to publish one",
-        redact(root),
+        "%s: no index is published beside the data%s, so this node downloaded %s (%s bytes) to count the "
+        "records (the next jobs on this machine reuse the counts); %s, and every job starts from it",
+        where,
         why,
-        len(whole),
+        files,
         f"{size:,}",
-        redact(root),
+        hint,
     )
 
 
@@ -455,7 +464,10 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
     try:
         name, compression = detect(url, format, exists=siblings.exists)
         entry.update(format=name, compression=compression)
-        if _footer_only(url, stat.size, (name, compression)):
+        counted = _from_manifest(name, url, compression, siblings)
+        if counted is not None:  # the manifest beside it says (MDS's index.json): no download
+            info = counted
+        elif _footer_only(url, stat.size, (name, compression)) and fetcher.ranged_reads(url):
             with fetcher.range_file(url, stat.size) as f:  # the footer is enough: ranged GETs
                 info = _scan_file(name, url, compression, f)
         else:
@@ -473,6 +485,17 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
     except (FormatError, *data_errors()) as exc:  # type: ignore[misc]  # a tuple of exception classes
         return _failed(url, format, entry, exc)
     return _found(entry, info)
+
+
+def _from_manifest(name: str, url: str, compression: str | None, siblings: Siblings) -> dict | None:
+    """What the manifest a format keeps beside its remote files (``COUNTS``: MDS's ``index.json``)
+    says of ``url`` (``counts`` of its module); None where it has none, or it does not say."""
+    fmt = module(name)
+    manifest = getattr(fmt, "COUNTS", None)
+    if manifest is None:
+        return None
+    found = siblings.read(posixpath.join(posixpath.dirname(url), manifest))
+    return None if found is None else fmt.counts(url, compression, found)
 
 
 def _footer_only(url: str, size: int, detected: tuple[str, str | None] | None = None) -> bool:

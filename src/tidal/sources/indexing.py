@@ -21,7 +21,7 @@ from tidal.errors import ArgumentError, SourceError, StorageError
 from tidal.formats import scan_version
 from tidal.sources import counting, storage_settings
 from tidal.sources.counting import count_remote, record_counts, uncounted
-from tidal.sources.index_file import Entries, scanner
+from tidal.sources.index_file import INDEX_NAME, Entries, scanner
 from tidal.sources.listing import listing, remote_root
 from tidal.sources.published import location, publish
 from tidal.sources.shards import Shards
@@ -31,6 +31,7 @@ from tidal.storage.retry import redact
 from tidal.storage.urls import protocol
 
 BATCH = 64  # files a task counts
+READ_ONLY = frozenset({"http", "https", "hf"})  # a web server, the Hub (a write is a commit): the index goes elsewhere
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def index(
     progress: Callable[[int], None] | None = None,
 ) -> Shards:
     """Count every file of the remote dataset ``src`` (a directory or a glob URL) once and publish
-    its index: ``.tidal-index.json`` in that directory, or ``to``. Returns its shards.
+    its index: ``.tidal-index.json`` in that directory, or ``to`` (a URL or a local file; a
+    directory, or a name ending in ``/``: ``.tidal-index.json`` in it). Data on a web server or
+    the Hub needs ``to``: tidal does not write there. Returns its shards.
 
     ``workers``: local processes (``engine="processes"``, 0: threads of this process) or Ray
     tasks at once (``engine="ray"``, on the cluster at ``ray_address``, else a local one).
@@ -90,6 +93,12 @@ def index(
     root = remote_root(src)
     if root is None:
         raise SourceError(f"{redact(src)}: tidal index takes a directory or a glob, not one file")
+    if to is None and protocol(src) in READ_ONLY:
+        raise ArgumentError(
+            f"{redact(src)}: tidal writes no index to {protocol(src)}:// (a web server, or the Hub, is not a place it "
+            "writes to): give to= (--to), a local file or an object store URL, and open the dataset with "
+            "index_url= that"
+        )
     if engine not in ("processes", "ray"):
         raise ArgumentError(f"engine must be 'processes' or 'ray', not {engine!r}")
     if engine == "ray" and workers < 1:
@@ -113,12 +122,29 @@ def index(
         entries.put(shard.path[len(root) + 1 :] + tag, _entry(shard))
     where = published_at(src, to, settings)
     if protocol(where) is None:  # a local file: where the data's bucket is read-only to us
-        Path(where).write_bytes(entries.to_json(complete=True))
+        _write_local(where, entries.to_json(complete=True))
         return shards
     why = publish(Remote(protocol(where) or "", settings), where, entries, complete=True)
     if why is not None:
-        raise StorageError(f"{redact(where)}: the index could not be published: {why}", url=redact(where))
+        raise StorageError(
+            f"{redact(where)}: the index could not be published: {why}; what was counted is kept in the shard "
+            "cache: publish it elsewhere with to= (--to), a local file or an object store URL you may write",
+            url=redact(where),
+        )
     return shards
+
+
+def _write_local(path: str, data: bytes) -> None:
+    """The index written to the local file ``path`` whole (beside it first, then renamed into place)."""
+    target = Path(path).expanduser()
+    part = target.with_name(f"{target.name}.{os.getpid()}.part")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part.write_bytes(data)
+        os.replace(part, target)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise StorageError(f"{path}: the index could not be written there: {exc.strerror or exc}", url=path) from None
 
 
 def published_at(src: str, to: str | None = None, storage: Storage | None = None) -> str:
@@ -127,8 +153,15 @@ def published_at(src: str, to: str | None = None, storage: Storage | None = None
 
     >>> published_at("s3://bucket/corpus/*.parquet")
     's3://bucket/corpus/.tidal-index.json'
+    >>> published_at("https://host/corpus/", to="indexes/")     # a directory: the index in it
+    'indexes/.tidal-index.json'
     """
-    return to or location(remote_root(src) or src, storage or Storage())
+    if to is None:
+        return location(remote_root(src) or src, storage or Storage())
+    local = protocol(to) is None
+    if to.endswith("/") or (local and (to.endswith(os.sep) or os.path.isdir(os.path.expanduser(to)))):
+        return f"{to.rstrip('/' + os.sep)}/{INDEX_NAME}"
+    return to
 
 
 def _count_in_workers(

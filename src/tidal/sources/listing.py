@@ -80,7 +80,7 @@ def _remote_files(
     if sources is not None and root is not None:
         url = location(root, storage)
         if url not in sources.found:
-            sources.found[url] = read(remote, url, root)
+            sources.found[url] = read(remote, url, root, named=storage.index_url is not None)
         sources.roots.append((root, url))
         published = sources.found[url]
         if published is not None:

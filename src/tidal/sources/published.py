@@ -10,14 +10,20 @@ to index again; a file added since is not seen until then).
 
 An index is a hint that cannot do harm: one that does not parse is not used, and one with a key
 that is not a plain relative path under the root (``..``, an absolute path, a URL, an empty
-segment) is not used at all, so nothing in it can point outside the dataset.
+segment) is not used at all, so nothing in it can point outside the dataset. An index the user
+names (``index_url``: a URL of any store, or a local file, whatever the data's store) is read
+or is an error: one that cannot be read, or is not an index, is a
+:class:`~tidal.errors.StorageError` naming it, never passed over for a listing of the data.
 
-Without a published index, the first node to count publishes what it counted, where
-``Storage.publish_index`` and the store let it, so the other nodes read it rather than download
-the dataset to count it again (they still list it: such an index is not complete). A *claim* beside the index says which node counts; the others
-poll for the index while the claim is fresh (its counter refreshes it), and take over a claim
-left stale. Where the job may not write there, every node counts, and tidal warns once, naming
-``tidal index`` and the bytes each node downloads to count.
+A job writes nothing where the data is unless asked: without a published index it lists and
+counts for itself (its ranks share what rank 0 found through the process group, and the shard
+cache keeps the counts for the next job on the machine), and tidal warns once, naming
+``tidal index`` and the bytes each node downloads to count. With
+``Storage(publish_index=True)``, the first node to count publishes what it counted (to an object
+store only), so the other nodes read it rather than download the dataset to count it again
+(they still list it: such an index is not complete). A *claim* beside the index says which
+node counts; the others poll for the index while the claim is fresh (its counter refreshes
+it), and take over a claim left stale. Where the job may not write there, every node counts.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from tidal.errors import SourceError, StorageError
 from tidal.sources.globs import glob_pattern
 from tidal.sources.index_file import INDEX_NAME, Entries, loads
 from tidal.storage.config import Storage
-from tidal.storage.fs import FileStat, Remote
+from tidal.storage.fs import FileStat, Remote, _not_found
 from tidal.storage.retry import redact
 from tidal.storage.urls import protocol
 
@@ -93,28 +99,67 @@ def location(root: str, storage: Storage) -> str:
     return storage.index_url or f"{root.rstrip('/')}/{INDEX_NAME}"
 
 
-def read(remote: Remote, url: str, root: str) -> Published | None:
-    """The index at ``url`` of the data under ``root``; None where there is none (or it may not
-    be read, or is not an index).
+def reader(remote: Remote, url: str) -> Remote:
+    """The client that reads (and writes) the index at ``url``: ``remote``, the data's, where the
+    index is on the same store; another protocol's, with the same settings, where it is not."""
+    proto = protocol(url)
+    if proto is None or proto == remote.protocol:
+        return remote
+    return Remote(proto, remote.storage, remote.stats)
 
-    One GET. A store that cannot be reached is an error, as the listing after it would be."""
+
+def read(remote: Remote, url: str, root: str, *, named: bool = False) -> Published | None:
+    """The index at ``url`` (a URL of any store, or a local path) of the data under ``root``;
+    None where there is none (or it may not be read, or is not an index).
+
+    One GET. A store that cannot be reached is an error, as the listing after it would be.
+    ``named``: the user named this index (``index_url``): one that cannot be read, or is not an
+    index, is a :class:`StorageError` naming it, never passed over for a listing of the data."""
+    where = redact(url)
     try:
-        data = remote.cat(url)
-    except SourceError:
-        return None
-    except StorageError as exc:
-        if exc.permanent:  # not there, or not ours to read
+        data = _read_local(url) if protocol(url) is None else reader(remote, url).cat(url)
+    except (SourceError, StorageError) as exc:
+        missing = isinstance(exc, SourceError) or _not_found(exc)
+        if named and missing:
+            raise StorageError(
+                f"{where}: the index named by index_url is not there (a typo? `tidal index URL --to {where}` "
+                "writes one there)",
+                url=where,
+                permanent=True,
+            ) from None
+        if named:
+            raise StorageError(f"the index named by index_url cannot be read: {exc}", url=where) from exc
+        if missing or not isinstance(exc, StorageError) or exc.permanent:  # not there, or not ours to read
             return None
-        where = redact(root)  # the dataset is what could not be opened: name it first
-        raise StorageError(f"{where}: cannot open the dataset: {exc}", url=where, attempts=exc.attempts) from exc
+        at = redact(root)  # the dataset is what could not be opened: name it first
+        raise StorageError(f"{at}: cannot open the dataset: {exc}", url=at, attempts=exc.attempts) from exc
     try:
         raw = loads(bytes(data))
     except ValueError:
-        log.warning("%s is not JSON: not used as the dataset's index", redact(url))
+        if named:
+            raise StorageError(f"{where}: the index named by index_url is not JSON", url=where) from None
+        log.warning("%s is not JSON: not used as the dataset's index", where)
         return None
     entries = Entries.parse(raw)
+    if named and not entries.keys:
+        raise StorageError(
+            f"{where}: the index named by index_url holds no entry tidal reads (not an index written by "
+            "`tidal index`, or of a version this tidal does not read)",
+            url=where,
+        )
     complete = isinstance(raw, dict) and raw.get("complete") is True and len(entries.keys) > 0
     return Published(url, root.rstrip("/"), entries, complete)
+
+
+def _read_local(path: str) -> bytes:
+    """A local index's bytes; a :class:`SourceError` or :class:`StorageError` that says why not."""
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot read it: {exc.strerror or exc}", url=path, permanent=True) from None
 
 
 def safe_key(key: str) -> bool:
@@ -160,7 +205,7 @@ def listed(
 def publish(remote: Remote, url: str, entries: Entries, *, complete: bool) -> str | None:
     """Write ``entries`` as the index at ``url``; None once written, else why it could not be."""
     try:
-        remote.put(url, entries.to_json(complete=complete))
+        reader(remote, url).put(url, entries.to_json(complete=complete))
     except StorageError as exc:
         return str(exc)
     return None
@@ -175,7 +220,7 @@ class Claim:
     """
 
     def __init__(self, remote: Remote, index_url: str):
-        self._remote = remote
+        self._remote = reader(remote, index_url)
         self.url = index_url + ".claim"
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 

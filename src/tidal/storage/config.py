@@ -73,7 +73,9 @@ class Storage:
       default ``.tidal-index.json`` in the directory the source names. A job reads it first,
       and a complete one is its listing.
     - ``publish_index``: whether a job that had to count files publishes what it counted
-      there, for the other nodes and the next jobs (where the store lets it).
+      there, for the other nodes and the next jobs (where the store lets it). Off by default: a
+      job writes to the data's location only when asked (``tidal index``, or this); its own
+      counts are shared between its ranks through the process group and kept in the shard cache.
     """
 
     options: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -87,7 +89,7 @@ class Storage:
     verify: bool = False
     backend: str = "auto"
     index_url: str | None = None
-    publish_index: bool = True
+    publish_index: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_limit", parse_size(self.cache_limit))

@@ -257,7 +257,7 @@ class Remote:
 
     def _info(self, url: str, *, named: bool = False) -> dict:
         """What the store says of ``url``; ``named``: the user named it, so where it is not
-        there, whether its bucket is is worth a request more."""
+        there, whether its bucket exists is worth a request more."""
         try:
             return self._call(lambda: self._request("info", self.path(url)), url, "HEAD")
         except StorageError as exc:

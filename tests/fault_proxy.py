@@ -10,6 +10,10 @@ kinds taken in turn from ``kinds``:
   the connection is closed;
 - ``truncate``: the real response, its ``Content-Length`` intact, but only half its body.
 
+Besides these, a fault may be any answer of :data:`ANSWERS` (never drawn by default): ``500``
+(``InternalError``), ``403`` (``AccessDenied``), ``401``; ``bodies`` gives a store's own body
+and headers for a status (a GCS or Azure error, not S3's XML).
+
 With ``rate`` (and ``seed``) the faults come at random instead: each request is broken with
 probability ``rate``, its kind drawn from ``kinds``, and a ``429`` or ``503`` comes as a burst
 of ``burst`` requests in a row, as a throttling store sends them. The draws follow a
@@ -57,12 +61,20 @@ from typing import Any
 from shaping import CHUNK, Bucket, Link, Throttle, Traffic, kind
 
 KINDS = ("reset", "503", "429", "stall", "truncate")
-_REASONS = {503: "Service Unavailable", 429: "Too Many Requests"}
+ANSWERS = ("503", "429", "500", "403", "401")  # faults that are an answer: a status and its body
+_REASONS = {503: "Service Unavailable", 429: "Too Many Requests", 500: "Internal Server Error"}
+_REASONS.update({403: "Forbidden", 401: "Unauthorized"})
 _BODIES = {
     503: b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
     b"<Message>Please reduce your request rate.</Message></Error>",
     429: b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>TooManyRequests</Code>"
     b"<Message>Too many requests.</Message></Error>",
+    500: b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
+    b"<Message>We encountered an internal error. Please try again.</Message></Error>",
+    403: b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"
+    b"<Message>Access Denied</Message></Error>",
+    401: b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>Unauthorized</Code>"
+    b"<Message>Authentication required.</Message></Error>",
 }
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 
@@ -125,9 +137,10 @@ class _Handler(socketserver.BaseRequestHandler):
             return False
         if proxy.link.latency_s and proxy._stopping.wait(proxy.link.latency_s):
             return False  # the time to the first byte of every answer, spent; or the proxy stops
-        if fault in ("503", "429"):
+        if fault in ANSWERS:
             status = int(fault)
-            _send(sock, status, [("Content-Type", "application/xml")], _BODIES[status], method)
+            headers, answer = proxy.bodies.get(status, ([("Content-Type", "application/xml")], _BODIES[status]))
+            _send(sock, status, headers, answer, method)
             return True
         if proxy.throttle is not None and not proxy.throttle.admit(target):
             proxy.traffic.throttle()
@@ -227,8 +240,9 @@ class FaultProxy:
         slow_s: float | None = None,
         link: Link | None = None,
         throttle: Throttle | None = None,
+        bodies: dict[int, tuple[list[tuple[str, str]], bytes]] | None = None,
     ):
-        unknown = set(kinds) - set(KINDS)
+        unknown = set(kinds) - set(KINDS) - set(ANSWERS)
         if unknown:
             raise ValueError(f"unknown faults: {unknown}")
         if delay_s and link is not None:
@@ -236,6 +250,7 @@ class FaultProxy:
         self.upstream, self.every, self.kinds, self.stall_s, self.only = upstream, every, kinds, stall_s, only
         self.link = link if link is not None else Link(latency_s=delay_s)
         self.throttle = throttle
+        self.bodies = bodies or {}  # per status: the headers and body of a store's own answer
         self.traffic = Traffic()
         self._link_bucket = self.link.bucket()
         self.rate, self.burst = rate, burst

@@ -468,7 +468,7 @@ def _scan_remote(url: str, format: str | None, stat: FileStat, fetcher: Any) -> 
         if counted is not None:  # the manifest beside it says (MDS's index.json): no download
             info = counted
         elif _footer_only(url, stat.size, (name, compression)) and fetcher.ranged_reads(url):
-            with fetcher.range_file(url, stat.size) as f:  # the footer is enough: ranged GETs
+            with fetcher.range_file(url, stat.size, stat.version) as f:  # the footer is enough: ranged GETs
                 info = _scan_file(name, url, compression, f)
         else:
             with fetcher.acquire(Entry(url, stat.size, stat.version)) as handle:

@@ -6,6 +6,15 @@ Each part is a request of its own, with its own timeout and retries, so one rese
 part, not the shard. A part that comes back short is retried; a file that ends up with the
 wrong size, or a hash other than the index's, is rejected by the cache and fetched again.
 
+A remote file is read as the size and version (ETag, generation) its listing or index gave.
+An object that is no longer that one is never read as if it were, nor retried as if the
+network had failed: a part cut short, a range past the end, a hash other than the index's or a
+"not found" sends one HEAD to ask the store, and an object replaced or deleted since it was
+listed is a :class:`StorageError` at once that says so (:func:`changed`, :func:`gone`). A
+cached copy of a file whose version comes from a published index (``Entry.check``) is used only
+once the store has said it still has that version: one HEAD the first time a reader opens it,
+which a download does anyway before its GETs.
+
 :class:`RangeFile` is the other way: a seekable file whose reads are ranged GETs, for
 reading a few columns or row groups of a large Parquet file without downloading all of it.
 """
@@ -15,14 +24,15 @@ from __future__ import annotations
 import io
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tidal.errors import ArgumentError, StorageError
+from tidal.errors import ArgumentError, SourceError, StorageError
 from tidal.storage.cache import Cache, Entry, Handle, hasher
 from tidal.storage.config import Storage
-from tidal.storage.fs import Remote
-from tidal.storage.retry import redact
+from tidal.storage.fs import FileStat, Remote, _not_found
+from tidal.storage.retry import Truncated, code_and_status, redact
 from tidal.storage.stats import Stats
 from tidal.storage.urls import protocol
 
@@ -41,6 +51,7 @@ class Fetcher:
         self.stats = stats if stats is not None else Stats()
         self.cache = Cache(storage.root, storage.limit, self.stats, verify=storage.verify, hashes=not data)
         self._remotes: dict[str, Remote] = {}
+        self._confirmed: set[str] = set()  # keys of entries the store said it still has, as indexed
         self._parts: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -58,11 +69,44 @@ class Fetcher:
         ``wait=0``: None instead of waiting for room in the cache (prefetching); ``pin`` and
         ``reserved``: see :meth:`tidal.storage.cache.Cache.acquire`."""
         fill = lambda path, algo: self._download(entry, path, algo)  # noqa: E731
-        return self.cache.acquire(entry, fill, wait=wait, pin=pin, reserved=reserved)
+        return self._trusted(entry, self.cache.acquire(entry, fill, wait=wait, pin=pin, reserved=reserved))
 
     def lookup(self, entry: Entry) -> Handle | None:
         """A held local copy if the cache has one; never downloads."""
-        return self.cache.lookup(entry)
+        return self._trusted(entry, self.cache.lookup(entry))
+
+    def _trusted(self, entry: Entry, handle: Handle | None) -> Handle | None:
+        """``handle``, once the store has said it still has ``entry`` as its index says
+        (``Entry.check``: one HEAD, the first time this reader uses the entry); released, and
+        the error raised, where it has not."""
+        if handle is None or not entry.check or entry.key in self._confirmed:
+            return handle
+        try:
+            self._confirm(self.remote(entry.url), entry)
+        except BaseException:
+            handle.release()
+            raise
+        return handle
+
+    def _confirm(self, remote: Remote, entry: Entry) -> None:
+        """One HEAD: the store still has ``entry`` at the size and version it was listed with, or
+        a :class:`StorageError` that says it changed or is gone."""
+        now = _stat(remote, entry)
+        if now.size != entry.size or (entry.version is not None and now.version != entry.version):
+            raise changed(entry, now)
+        self._confirmed.add(entry.key)
+
+    def _vet(self, remote: Remote, entry: Entry, exc: BaseException | None) -> None:
+        """Where a failed GET (``exc``; None: a download whose hash is not the index's) may mean
+        the object is no longer the one listed, ask the store (one HEAD) and raise what it says:
+        it changed, or it is gone. Otherwise return, and the failure is what it seemed."""
+        if exc is not None and _not_found(exc):
+            raise gone(entry, remote._no_bucket(entry.url, exc))  # its bucket may be what is gone: then it says so
+        if exc is not None and not _suspect(exc):
+            return
+        now = _stat(remote, entry)
+        if now.size != entry.size or (entry.version is not None and now.version != entry.version):
+            raise changed(entry, now)
 
     def _download(self, entry: Entry, path: Path, algorithm: str | None) -> str | None:
         if self._closed:  # a prefetch that had not started when its reader was closed
@@ -70,12 +114,17 @@ class Fetcher:
             raise StorageError(f"{url}: download abandoned: its reader was closed", url=url)
         remote = self.remote(entry.url)
         if entry.check:
-            _check_unchanged(remote, entry)
+            self._confirm(remote, entry)
         digest = hasher(algorithm) if algorithm is not None else None
         size, part = entry.size, self.storage.part_size
+        check = lambda exc: self._vet(remote, entry, exc)  # noqa: E731
+
+        def get(start: int, end: int) -> bytes:
+            return remote.cat(entry.url, start, end, check=check)
+
         with open(path, "r+b") as out:
             if size <= part or remote.ignores_ranges(entry.url):  # whole, in one GET
-                data = remote.cat(entry.url, 0, size) if size else b""  # ranged: no HEAD first
+                data = get(0, size) if size else b""  # ranged: no HEAD first
                 out.write(data)
                 if digest is not None:
                     digest.update(data)
@@ -83,7 +132,7 @@ class Fetcher:
                 first = b""
                 if remote.protocol in ("http", "https") and not remote.honours_ranges(entry.url):
                     # a web server may ignore Range (and send all of it): the first part alone says, before more go
-                    first = remote.get(entry.url, 0, part, size=size)[1]
+                    first = remote.get(entry.url, 0, part, size=size, check=check)[1]
                     out.write(first)
                     if digest is not None:
                         digest.update(first)
@@ -94,7 +143,7 @@ class Fetcher:
                 def submit() -> None:
                     start = next(starts, None)
                     if start is not None:
-                        window.append(pool.submit(remote.cat, entry.url, start, min(start + part, size)))
+                        window.append(pool.submit(get, start, min(start + part, size)))
 
                 for _ in range(self.storage.parallel):
                     submit()
@@ -109,7 +158,10 @@ class Fetcher:
                     for fut in window:
                         fut.cancel()
             out.truncate()  # whatever was preallocated beyond what came
-        return None if digest is None else f"{algorithm}:{digest.hexdigest()}"
+        found = None if digest is None else f"{algorithm}:{digest.hexdigest()}"
+        if entry.hash is not None and found != entry.hash:
+            self._vet(remote, entry, None)  # replaced by a file of the same size? else the cache fetches it again
+        return found
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._closed:
@@ -118,8 +170,14 @@ class Fetcher:
             self._parts = ThreadPoolExecutor(self.storage.parallel * 2, thread_name_prefix="tidal-part")
         return self._parts
 
-    def range_file(self, url: str, size: int) -> RangeFile:
-        return RangeFile(self.remote(url), url, size, self.stats)
+    def range_file(self, url: str, size: int, version: str | None = None, *, check: bool = False) -> RangeFile:
+        """Ranged reads of the file ``url`` listed (or, ``check``, indexed) with ``size`` and
+        ``version``: one that is no longer that file is an error, never read as if it were."""
+        entry = Entry(url, size, version, check=check)
+        remote = self.remote(url)
+        if check and entry.key not in self._confirmed:
+            self._confirm(remote, entry)
+        return RangeFile(remote, url, size, self.stats, check=lambda exc: self._vet(remote, entry, exc))
 
     def ranged_reads(self, url: str) -> bool:
         """Whether reading a few parts of ``url`` in place moves fewer bytes than fetching it: not
@@ -133,17 +191,66 @@ class Fetcher:
             self._parts = None
 
 
-def _check_unchanged(remote: Remote, entry: Entry) -> None:
-    """A shard listed from a published index is the file that index counted, or an error."""
-    now = remote.stat(entry.url)
-    if now.size != entry.size or (entry.version is not None and now.version != entry.version):
-        url = redact(entry.url)
-        raise StorageError(
-            f"{url} changed since the dataset's index was published ({entry.size:,} bytes, version "
-            f"{entry.version}; now {now.size:,} bytes, version {now.version}): publish it again with "
-            "`tidal index` (or pass a new index_url)",
-            url=url,
+def _stat(remote: Remote, entry: Entry) -> FileStat:
+    """What the store says of ``entry``'s object now (one HEAD, retried); :func:`gone` if nothing.
+    Asked of the store itself: a listing's answers that the client keeps (s3fs, gcsfs and adlfs
+    do) are dropped first."""
+    try:
+        remote.fs.invalidate_cache(remote.path(entry.url))
+        return remote.stat(entry.url)
+    except SourceError as exc:  # its bucket may be what is gone: then it says so
+        raise gone(entry, str(exc) if "does not exist" in str(exc) else None) from None
+
+
+def _suspect(exc: BaseException) -> bool:
+    """Whether a failed GET may mean the object is not the one listed: a body shorter than the
+    range asked for, a range the object does not reach (416), a precondition that failed (412)."""
+    e: BaseException | None = exc
+    for _ in range(6):
+        if e is None:
+            return False
+        if isinstance(e, Truncated) or type(e).__name__ == "RangeIgnored":  # shorter, or neither range nor whole
+            return True
+        code, status = code_and_status(e)
+        if status in (412, 416) or code in ("InvalidRange", "PreconditionFailed"):
+            return True
+        if "Range Not Satisfiable" in str(e) or "InvalidRange" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _listed(entry: Entry) -> tuple[str, str]:
+    """How ``entry`` was listed, in words, and where to look again."""
+    version = f", version {entry.version}" if entry.version is not None else ""
+    if entry.check:
+        return (
+            f"since the dataset's index was published ({entry.size:,} bytes{version})",
+            "publish it again with `tidal index` (or pass a new index_url)",
         )
+    return (
+        f"since the dataset was listed ({entry.size:,} bytes{version})",
+        "open the dataset again (tidal.Dataset lists and counts it afresh) to read it as it is now",
+    )
+
+
+def changed(entry: Entry, now: FileStat) -> StorageError:
+    """The object at ``entry.url`` is another one than was listed: never read as if it were."""
+    url = redact(entry.url)
+    since, fix = _listed(entry)
+    version = f", version {now.version}" if now.version is not None else ""
+    return StorageError(
+        f"{url} changed {since}; the store has {now.size:,} bytes{version} now: {fix}", url=url, permanent=True
+    )
+
+
+def gone(entry: Entry, why: str | None = None) -> StorageError:
+    """The object at ``entry.url`` is not on the store any more (deleted or moved since it was
+    listed); ``why``: what the store said, where it says more (its bucket does not exist)."""
+    url = redact(entry.url)
+    since, fix = _listed(entry)
+    said = f" ({why.removeprefix(f'{url}: ')})" if why else ""
+    return StorageError(f"{url} is gone from the store{said}: deleted or moved {since}: {fix}", url=url, permanent=True)
 
 
 class RangeFile(io.RawIOBase):
@@ -153,9 +260,12 @@ class RangeFile(io.RawIOBase):
     >>> pq.ParquetFile(fetcher.range_file(url, size))   # reads the footer, then only what is asked
     """
 
-    def __init__(self, remote: Remote, url: str, size: int, stats: Stats):
+    def __init__(
+        self, remote: Remote, url: str, size: int, stats: Stats, check: Callable[[BaseException], None] | None = None
+    ):
         super().__init__()
         self._remote, self.url, self.size, self._stats = remote, url, size, stats
+        self._check = check  # sees a failed read's error: the file may have changed (see Fetcher.range_file)
         self._pos = 0
         self._whole: bytes | None = None  # all of the file, where its server ignores Range
 
@@ -182,11 +292,11 @@ class RangeFile(io.RawIOBase):
             return 0
         t0 = time.monotonic()
         if self._whole is None and self._remote.ignores_ranges(self.url):  # the server sends all: once
-            self._whole = self._remote.cat(self.url, size=self.size)
+            self._whole = self._remote.cat(self.url, size=self.size, check=self._check)
         if self._whole is not None:
             data = self._whole[self._pos : self._pos + n]
         else:
-            at, data = self._remote.get(self.url, self._pos, self._pos + n, size=self.size)
+            at, data = self._remote.get(self.url, self._pos, self._pos + n, size=self.size, check=self._check)
             if at != self._pos or len(data) == self.size:  # the whole file (a server that ignores Range): kept
                 self._whole, data = data, data[self._pos : self._pos + n]
         self._stats.add(io_wait_s=time.monotonic() - t0)

@@ -172,13 +172,28 @@ class Remote:
             return sync(fs.loop, getattr(fs, f"_{name}"), *args, timeout=self.storage.timeout, **kwargs)
         return getattr(fs, name)(*args, **kwargs)
 
-    def cat(self, url: str, start: int | None = None, end: int | None = None, *, size: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of ``url``, or all ``size`` of them; retried, never short."""
-        at, data = self.get(url, start, end, size=size)
+    def cat(
+        self,
+        url: str,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        size: int | None = None,
+        check: Callable[[BaseException], None] | None = None,
+    ) -> bytes:
+        """Bytes ``[start, end)`` of ``url``, or all ``size`` of them; retried, never short.
+        ``check``: sees each failed try's error first (see :func:`tidal.storage.retry.call`)."""
+        at, data = self.get(url, start, end, size=size, check=check)
         return data if start is None or at == start else data[start - at : end]
 
     def get(
-        self, url: str, start: int | None = None, end: int | None = None, *, size: int | None = None
+        self,
+        url: str,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        size: int | None = None,
+        check: Callable[[BaseException], None] | None = None,
     ) -> tuple[int, bytes]:
         """``(offset, data)``: bytes ``[start, end)`` of ``url`` at ``start``, as :meth:`cat` reads
         them, or, from a server that ignores ``Range`` (it answers ``200`` with the whole object,
@@ -208,8 +223,8 @@ class Remote:
                 _RANGES.setdefault(host, True)  # exactly the part asked for, less than the whole
             return start or 0, bytes(data)
 
-        what = "GET" if start is None else f"GET bytes {start}-{end}"
-        at, data = self._call(once, url, what, stats=self.stats)
+        what = _what(start, end)
+        at, data = self._call(once, url, what, stats=self.stats, check=check)
         self.stats.add(bytes_downloaded=len(data), requests=1)
         return at, data
 
@@ -259,17 +274,25 @@ class Remote:
         """What the store says of ``url``; ``named``: the user named it, so where it is not
         there, whether its bucket exists is worth a request more."""
         try:
-            return self._call(lambda: self._request("info", self.path(url)), url, "HEAD")
+            return self._call(lambda: self._request("info", self.path(url)), url, "HEAD", stats=self.stats)
         except StorageError as exc:
             if _not_found(exc):
                 raise self._missing(url, exc, ask=named) from None
             raise
 
-    def _call(self, fn: Callable[[], Any], url: str, what: str, *, stats: Stats | None = None) -> Any:
+    def _call(
+        self,
+        fn: Callable[[], Any],
+        url: str,
+        what: str,
+        *,
+        stats: Stats | None = None,
+        check: Callable[[BaseException], None] | None = None,
+    ) -> Any:
         """``fn()`` under tidal's retries (:func:`tidal.storage.retry.call`); a request the store
         refused (403, 401, no credentials) is a :class:`StorageError` that says so in words."""
         try:
-            return call(fn, url=url, what=what, retry=self.storage.retry, stats=stats)
+            return call(fn, url=url, what=what, retry=self.storage.retry, stats=stats, check=check)
         except StorageError as exc:
             why = refused(exc, url, what) if exc.permanent else None
             if why is None:
@@ -366,6 +389,15 @@ class Remote:
             if v.get("type", "file") == "file" and (keep is None or keep(parts[-1])):
                 files[k] = v
         return files
+
+
+def _what(start: int | None, end: int | None) -> str:
+    """A GET of bytes ``[start, end)``, in words no one reads as an inclusive range."""
+    if start is None:
+        return "GET"
+    if end is None:
+        return f"GET from offset {start:,} to the end"
+    return f"GET of {end - start:,} bytes at offset {start:,}"
 
 
 class RangeIgnored(ValueError):

@@ -115,7 +115,7 @@ class Prefetcher:
         if index in self._ranged or (wants_ranges(shard, self._columns) and self._fetcher.ranged_reads(shard.path)):
             handle = self._fetcher.lookup(entry(shard, self._check))  # a whole copy already here is cheaper still
             if handle is None:
-                return lambda: self._fetcher.range_file(shard.path, shard.bytes)
+                return lambda: self._fetcher.range_file(shard.path, shard.bytes, shard.version, check=self._check)
             self.stats.add(cache_hits=1)
         else:
             handle = self._take(index)

@@ -175,7 +175,9 @@ def bundles(
     1, 2, 4, ... up to ``max_size`` items (default: ``MAX_BUNDLE`` for another process, ``pack``;
     ``MAX_LOCAL_BUNDLE`` in this one), ``MAX_BUNDLE_BYTES`` or ``MAX_BUNDLE_SECONDS`` of
     work (a loop waiting on a bundle of costly batches, such as tokenized ones, waits for all
-    of it); the last one has ``end`` set (it may be empty)."""
+    of it); the last one has ``end`` set (it may be empty). A reader that fails sends its
+    counters first, in an empty bundle (the retries of the request that failed reach
+    ``metrics()``), then raises."""
     size = 1
     if max_size is None:
         max_size = MAX_BUNDLE if pack else MAX_LOCAL_BUNDLE
@@ -187,24 +189,41 @@ def bundles(
             states: list[dict] = []
             marks: list[Mark] = []
             total = 0
+            ended = False
             began = clock()
-            for item in it:
-                items.append(item)
-                state = it.state()
-                state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
-                states.append(state)
-                marks.append(mark(item))
-                if pack:  # the bytes bound a message to another process; in this one nothing is copied
-                    total += nbytes(item)
-                if len(items) >= size or total >= max_bytes or clock() - began >= MAX_BUNDLE_SECONDS:
-                    break
-            else:
+            try:
+                for item in it:
+                    items.append(item)
+                    state = it.state()
+                    state.pop(k.ORIGIN, None)  # the loader keeps it once, not per batch
+                    states.append(state)
+                    marks.append(mark(item))
+                    if pack:  # the bytes bound a message to another process; in this one nothing is copied
+                        total += nbytes(item)
+                    if len(items) >= size or total >= max_bytes or clock() - began >= MAX_BUNDLE_SECONDS:
+                        break
+                else:
+                    ended = True
+            except Exception:
+                last = _counters(kind(worker, [], [], end=False, pack=pack, widen=widen), it)
+                if last is not None:
+                    yield last
+                raise
+            if ended:
                 yield _stamped(kind(worker, items, states, end=True, pack=pack, widen=widen), it, marks)
                 return
             yield _stamped(kind(worker, items, states, end=False, pack=pack, widen=widen), it, marks)
             size = min(2 * size, max_size)
     finally:
         it.close()
+
+
+def _counters(bundle: Bundle, it: Any) -> Bundle | None:
+    """An empty bundle with the counters of a reader that failed; None where they cannot be had."""
+    try:
+        return _stamped(bundle, it, [])
+    except Exception:
+        return None
 
 
 def _stamped(bundle: Bundle, it: Any, marks: list[Mark]) -> Bundle:

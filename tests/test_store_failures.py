@@ -364,19 +364,24 @@ class Case:
     proxy: FaultProxy = field(init=False)
     on: threading.Event = field(default_factory=threading.Event)
     stopped: bool = False
+    seen: list[tuple[str, str]] = field(default_factory=list)  # every request: method, path
 
     def __post_init__(self) -> None:
         self.proxy = FaultProxy(
             ("127.0.0.1", self.store.port),
             every=1,
             kinds=self.kinds or ("500",),
-            only=lambda method, target, headers: self.on.is_set(),
+            only=self._request,
             bodies=self.store.bodies,
         )
         self.bucket = self.store.bucket()
         self.store.put(self.bucket, "web/a.jsonl", jsonl(A))
         self.store.put(self.bucket, "web/b.parquet", parquet(B))
         self.url = self.store.url(self.bucket, "web", self.proxy.endpoint)
+
+    def _request(self, method: str, target: str, headers: list[tuple[str, str]]) -> bool:
+        self.seen.append((method, target.split("?", 1)[0]))
+        return self.on.is_set()  # whether this one gets the fault
 
     def file(self, name: str) -> str:
         return f"{self.url}/{name}"
@@ -602,6 +607,22 @@ def test_a_file_replaced_while_cached_is_the_same_error_on_every_node_and_read_a
         case.close()
 
 
+def test_a_warm_cache_of_an_indexed_dataset_asks_the_store_once_per_file_and_reader(s3: Any, tmp_path: Path) -> None:
+    """What trusting a cached shard costs (docs/remote.md): one HEAD per file, the first time a
+    reader opens it from the cache, and nothing more however many epochs it reads; no GET."""
+    case = Case(S3(s3, "s3fs"), tmp_path, ())
+    try:
+        case.store.index(case.url + "/", case.storage("indexer"), case.bucket)
+        ids = sorted(r["id"] for r in A + B)
+        assert sorted(r["id"] for r in case.open("node")) == ids  # downloaded: a HEAD and a GET each
+        case.seen.clear()
+        assert sorted(r["id"] for r in case.open("node").repeat(3)) == sorted(ids * 3)
+        files = [(m, p) for m, p in case.seen if not p.endswith(".tidal-index.json")]
+        assert sorted(files) == [("HEAD", f"/{case.bucket}/web/a.jsonl"), ("HEAD", f"/{case.bucket}/web/b.parquet")]
+    finally:
+        case.close()
+
+
 @pytest.mark.parametrize("backend", ["s3fs", "obstore"])
 def test_a_file_deleted_after_the_listing_is_gone_not_a_cache_that_cannot_be_written(
     s3: Any, backend: str, tmp_path: Path
@@ -622,16 +643,24 @@ def test_a_file_deleted_after_the_listing_is_gone_not_a_cache_that_cannot_be_wri
         case.close()
 
 
+@pytest.mark.parametrize("loader", ["torch", "jax"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_the_counters_of_a_reader_that_failed_reach_metrics(tmp_path: Path, workers: int) -> None:
+def test_the_counters_of_a_reader_that_failed_reach_metrics(tmp_path: Path, workers: int, loader: str) -> None:
     """A reader's counters travel with its batches: one that failed before its first batch sent
     none, and metrics() said it had read nothing (retries: 0 after a request failed 8 times)."""
-    pytest.importorskip("torch")
-    (tmp_path / "a.jsonl").write_bytes(jsonl(A))
-    loader = tidal.DataLoader(tidal.Dataset(tmp_path).map(_fail).batch(2), num_workers=workers)
+    (tmp_path / "a.jsonl").write_bytes(jsonl([{"id": r["id"]} for r in A]))
+    ds = tidal.Dataset(tmp_path).map(_fail).batch(2)
+    if loader == "torch":
+        pytest.importorskip("torch")
+        made: Any = tidal.DataLoader(ds, num_workers=workers)
+    else:
+        pytest.importorskip("jax")
+        from tidal.jax import Loader
+
+        made = Loader(ds, num_workers=workers, worker_type="thread")
     with pytest.raises(ValueError, match="no record passes"):
-        list(loader)
-    assert loader.metrics()["rows_read"] >= len(A) and loader.metrics()["batches"] == 0
+        list(made)
+    assert made.metrics()["rows_read"] >= len(A) and made.metrics()["batches"] == 0
 
 
 def _fail(record: dict) -> dict:

@@ -36,3 +36,26 @@ def test_a_conversion_into_a_store_publishes_its_index_and_restarts(tmp_path: Pa
     assert {s.path.rsplit("/", 1)[1]: s.hash for s in ds.shards} == by_name  # the published index, hashes checked
     again = convert(str(src), dst, shard_size="1KB", dst_options=options)
     assert again.resumed == report.shards
+
+
+def test_tidal_convert_takes_the_source_options_every_command_takes(
+    tmp_path: Path, s3: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from tidal.cli import main
+
+    src = s3.upload(make_shards(tmp_path / "src", [5, 7], kinds=("jsonl",)), s3.bucket(f"src-{os.getpid()}"), "web")
+    argv = ["convert", src, str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    for k, v in s3.options().items():
+        argv += ["--storage-option", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
+    assert main(argv) == 0
+    assert len(list((tmp_path / "cache").rglob("*.shard"))) == 2  # the source's shards, cached where asked
+    assert sorted(r["id"] for r in tidal.Dataset(tmp_path / "out")) == list(range(12))
+    outside = make_shards(tmp_path / "elsewhere", [3], kinds=("jsonl",))
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "part.jsonl").symlink_to(outside / "part-000.jsonl")
+    linked = ["convert", str(tmp_path / "linked"), str(tmp_path / "out2"), "--no-progress"]
+    assert main(linked) == 2 and "follow_links=True (--follow-links" in capsys.readouterr().err
+    assert main([*linked, "--follow-links"]) == 0
+    assert sorted(r["id"] for r in tidal.Dataset(tmp_path / "out2")) == [0, 1, 2]

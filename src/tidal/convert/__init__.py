@@ -104,6 +104,8 @@ def convert(
     dst_options: dict[str, Any] | None = None,
     errors: Errors = "raise",
     format_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    follow_links: bool = False,
 ) -> Report:
     """Rewrite ``src`` (anything :class:`tidal.Dataset` reads, or a dataset) as shards in ``dst``.
 
@@ -115,7 +117,8 @@ def convert(
     ``progress``: a progress bar on stderr (default: when stderr is a terminal). ``errors``: the
     source's policy for bad records, as :class:`tidal.Dataset` takes it (``"skip"`` also skips
     the records ``tokenizer`` cannot use: a null or missing text), for a source named by path;
-    ``format_options`` too (CSV's ``column_types``, say), as :class:`tidal.Dataset` takes them.
+    ``format_options`` too (CSV's ``column_types``, say), and ``cache_dir`` (the shard cache of
+    remote data) and ``follow_links``, as :class:`tidal.Dataset` takes them.
 
     >>> convert("data/web", "data/web-tokens", to="tokens", tokenizer="tokenizer.json", workers=4)
     """
@@ -133,10 +136,10 @@ def convert(
         raise ArgumentError("shard_size must be at least 1 byte")
     if to == "parquet" and tokenizer is None and column is not None:
         raise ArgumentError("column names the text to tokenize (with tokenizer=) or, with to='tokens', the token ids")
-    by_path = (columns, errors != "raise", format_options)
+    by_path = (columns, errors != "raise", format_options, cache_dir, follow_links)
     if isinstance(src, Dataset) and any(v not in (None, False) for v in by_path):
         raise ArgumentError(
-            "columns=, errors= and format_options= apply to a source named by path; "
+            "columns=, errors=, format_options=, cache_dir= and follow_links= apply to a source named by path; "
             "pass them to the Dataset you convert"
         )
     ds = (
@@ -149,6 +152,8 @@ def convert(
             errors,
             storage_options=storage_options,
             format_options=format_options,
+            cache_dir=cache_dir,
+            follow_links=follow_links,
         )
     )
     if tokenizer is not None:

@@ -75,6 +75,12 @@ def add_arguments(p: Any) -> None:
         metavar="KEY=VALUE",
         help="an fsspec storage option for reading SRC, repeatable (as in tidal inspect: a dotted key nests, a value is JSON where it parses)",
     )
+    p.add_argument("--cache-dir", default=None, help="the shard cache of remote SRC (as in tidal inspect)")
+    p.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="read what symbolic links in a local SRC directory lead to outside it (as in tidal inspect)",
+    )
     p.add_argument(
         "--dst-option",
         action="append",
@@ -111,6 +117,8 @@ def run_cli(args: Any) -> int:
         storage_options=storage_options(args.storage_option) or None,
         dst_options=storage_options(args.dst_option) or None,
         errors=args.errors,
+        cache_dir=args.cache_dir,
+        follow_links=args.follow_links,
     )
     print(report)
     return 0

@@ -157,6 +157,16 @@ def test_credentials_that_may_read_but_not_write_read_the_data_and_write_nothing
     ]  # nothing written beside the data: no index, no claim
 
 
+def test_a_conversion_into_a_bucket_it_may_not_write_says_so(guarded: Guarded, tmp_path: Path) -> None:
+    from tidal.convert import convert
+
+    src = make_shards(tmp_path / "src", [4], kinds=("jsonl",))
+    with pytest.raises(tidal.StorageError) as err:
+        convert(str(src), "s3://bkt/converted", dst_options=guarded.reader)
+    assert "access denied (HTTP 403): the credentials in use may not " in str(err.value), err.value
+    assert "access to the bucket 'bkt'" in str(err.value) and guarded.reader["secret"] not in str(err.value)
+
+
 def _boto(options: dict[str, Any]) -> dict[str, str]:
     return {"aws_access_key_id": options["key"], "aws_secret_access_key": options["secret"]}
 

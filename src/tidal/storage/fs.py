@@ -40,7 +40,7 @@ from typing import Any
 from tidal.errors import MissingDependency, SourceError, StorageError, missing
 from tidal.storage import logs
 from tidal.storage.config import Storage
-from tidal.storage.refusals import bucket_gone, bucket_of, refused
+from tidal.storage.refusals import bucket_gone, bucket_of, explain
 from tidal.storage.retry import Truncated, call, code_and_status, redact, transient
 from tidal.storage.stats import Stats
 
@@ -294,10 +294,10 @@ class Remote:
         try:
             return call(fn, url=url, what=what, retry=self.storage.retry, stats=stats, check=check)
         except StorageError as exc:
-            why = refused(exc, url, what) if exc.permanent else None
-            if why is None:
+            explained = explain(exc, url, what)
+            if explained is exc:
                 raise
-            raise StorageError(why, url=exc.url, attempts=exc.attempts, permanent=True) from exc.__cause__
+            raise explained from exc.__cause__
 
     def _missing(self, url: str, exc: BaseException, *, ask: bool = False) -> SourceError:
         """The :class:`SourceError` of a ``url`` the store says is not there: that its bucket

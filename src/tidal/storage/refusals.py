@@ -5,9 +5,9 @@ Forbidden``, botocore says ``NoCredentialsError: Unable to locate credentials``,
 say ``FileNotFoundError`` of a path whether the object or its bucket is missing. A user needs to
 know which of these it is: no credentials were found, the store does not accept the ones in use,
 they are not allowed this request on this bucket, or the bucket does not exist.
-:func:`refused` says the first three (:meth:`tidal.storage.fs.Remote._call` puts it in the
-:class:`~tidal.errors.StorageError`), :func:`bucket_gone` recognises the last where the client
-says so. Nothing here is imported from a client library: errors are read by type name, status
+:func:`refused` says the first three (:func:`explain` puts it in the
+:class:`~tidal.errors.StorageError` of every request :mod:`tidal.storage.fs` and a conversion's
+output make), :func:`bucket_gone` recognises the last where the client says so. Nothing here is imported from a client library: errors are read by type name, status
 and code, as :mod:`tidal.storage.retry` reads them.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from tidal.errors import StorageError
 from tidal.storage.retry import code_and_status, redact
 
 _BUCKETED = {"s3": "bucket", "s3a": "bucket", "gs": "bucket", "gcs": "bucket"}
@@ -122,6 +123,17 @@ def refused(exc: BaseException, url: str, what: str) -> str | None:
         f"the ones meant (storage_options, the environment, the profile) and that they are granted {verb} access "
         f"to {scope} ({said})"
     )
+
+
+def explain(exc: StorageError, url: str, what: str) -> StorageError:
+    """``exc``, a request given up on, as a :class:`StorageError` that says why in words where the
+    store refused it (see :func:`refused`); as it is otherwise. Raise what it returns."""
+    why = refused(exc, url, what) if exc.permanent else None
+    if why is None:
+        return exc
+    explained = StorageError(why, url=exc.url, attempts=exc.attempts, permanent=True)
+    explained.__cause__ = exc.__cause__
+    return explained
 
 
 def bucket_of(url: str) -> str | None:

@@ -59,9 +59,18 @@ class Output:
         return posixpath.join(self._path.rstrip("/"), name)
 
     def _call(self, what: str, name: str, fn: Any) -> Any:
+        from tidal.errors import StorageError
+        from tidal.storage.refusals import explain
         from tidal.storage.retry import Retry, call
 
-        return call(fn, url=f"{self.url.rstrip('/')}/{name}", what=what, retry=Retry())
+        url = f"{self.url.rstrip('/')}/{name}"
+        try:
+            return call(fn, url=url, what=what, retry=Retry())
+        except StorageError as exc:  # a refusal said in words (access denied to the bucket...), as for reads
+            explained = explain(exc, url, what)
+            if explained is exc:
+                raise
+            raise explained from exc.__cause__
 
     # -- the few operations a conversion needs -------------------------------------------
 

@@ -387,7 +387,9 @@ class Case:
         return f"{self.url}/{name}"
 
     def storage(self, cache: str = "cache", **kw: Any) -> Storage:
-        settings: dict[str, Any] = dict(timeout=5.0, retry=RETRY, prefetch=0, parallel=1, publish_index=False)
+        # no case waits out a timeout (a refused connection fails at once): a long one keeps a
+        # loaded machine's slow first request in a new worker from being retried, and counted
+        settings: dict[str, Any] = dict(timeout=30.0, retry=RETRY, prefetch=0, parallel=1, publish_index=False)
         settings.update(kw)
         return Storage(
             options=self.store.options(self.proxy.endpoint),

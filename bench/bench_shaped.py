@@ -43,8 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_peers as peers
+import peers
 from common import log
+from peers import corpus, harness, plan, s3, tables
+from peers.report import tidal_commit, versions
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the proxy and the S3 server the tests use
@@ -112,10 +114,10 @@ def publish_indexes(server: dict[str, Any], root: Path, formats: list[str]) -> d
     for fmt in formats:
         local = root / fmt / INDEX_NAME
         entries = read_index(local.read_bytes())
-        listing = client.list_objects_v2(Bucket=peers.S3_BUCKET, Prefix=f"{fmt}/")["Contents"]
+        listing = client.list_objects_v2(Bucket=s3.S3_BUCKET, Prefix=f"{fmt}/")["Contents"]
         etags = {o["Key"].removeprefix(f"{fmt}/"): o["ETag"].strip('"') for o in listing}
         published = {name: {**e, "version": etags[name]} for name, e in entries.items() if name in etags}
-        client.put_object(Bucket=peers.S3_BUCKET, Key=f"{fmt}/{INDEX_NAME}", Body=index_json(published))
+        client.put_object(Bucket=s3.S3_BUCKET, Key=f"{fmt}/{INDEX_NAME}", Body=index_json(published))
         out[fmt] = len(published)
     return out
 
@@ -198,7 +200,7 @@ def run_loader(
 ) -> dict[str, Any]:
     """One loader's run through ``proxy``, in a fresh process with a fresh cache."""
     fmt = peers.FORMAT_OF[loader]
-    spec = peers.Spec(
+    spec = harness.Spec(
         kind="text",
         loader=loader,
         root=str(Path(manifest["root"]) / fmt),
@@ -212,7 +214,7 @@ def run_loader(
     copy_bytes = server["uploaded"][fmt]["bytes"]
     load = os.getloadavg()[0]
     with Sampler(proxy) as sampler:
-        got = peers.run_s3_child(spec, args.timeout + args.seconds, server, Path(manifest["root"]) / "shaped-cache")
+        got = harness.run_s3_child(spec, args.timeout + args.seconds, server, Path(manifest["root"]) / "shaped-cache")
     out = figures(got, sampler, copy_bytes, copy_bytes / manifest["records"])
     out["load"] = load
     return shares(out, net)
@@ -243,7 +245,7 @@ def run_plain(net: Net, proxy: FaultProxy, server: dict[str, Any], args: argpars
         config=config,
     )
     fmt = "jsonl"
-    listing = client.list_objects_v2(Bucket=peers.S3_BUCKET, Prefix=f"{fmt}/")["Contents"]
+    listing = client.list_objects_v2(Bucket=s3.S3_BUCKET, Prefix=f"{fmt}/")["Contents"]
     ranges = iter(
         [(o["Key"], a, min(a + PART, o["Size"]) - 1) for o in listing if o["Key"].endswith(".jsonl") for a in range(0, o["Size"], PART)]
     )  # fmt: skip
@@ -258,7 +260,7 @@ def run_plain(net: Net, proxy: FaultProxy, server: dict[str, Any], args: argpars
                 r = next(ranges, None)
             if r is None:
                 break
-            body = client.get_object(Bucket=peers.S3_BUCKET, Key=r[0], Range=f"bytes={r[1]}-{r[2]}")["Body"]
+            body = client.get_object(Bucket=s3.S3_BUCKET, Key=r[0], Range=f"bytes={r[1]}-{r[2]}")["Body"]
             n += len(body.read())
         return n
 
@@ -300,7 +302,7 @@ def run_all(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[st
     root = Path(manifest["root"])
     with contextlib.ExitStack() as stack:
         log("starting moto's S3 server on 127.0.0.1 and uploading every loader's copy ...")
-        server = stack.enter_context(peers.s3_server(root, list(loaders)))
+        server = stack.enter_context(s3.s3_server(root, (peers.FORMAT_OF[x] for x in loaders)))
         tidal_formats = sorted({peers.FORMAT_OF[x] for x in loaders if x in peers.TIDAL})
         published = publish_indexes(server, root, tidal_formats) if args.index == "published" else {}
         port = int(server["endpoint"].rsplit(":", 1)[1])
@@ -308,7 +310,7 @@ def run_all(args: argparse.Namespace, manifest: dict[str, Any], loaders: list[st
         jobs = jobs_of(net_list, loaders)
         runs: dict[str, list[dict[str, Any]]] = {j.name: [] for j in jobs}
         for rep in range(args.repeats):
-            order = peers.rotated(jobs, rep, args.repeats)
+            order = plan.rotated(jobs, rep, args.repeats)
             for i, job in enumerate(order):
                 log(f"[{rep + 1}/{args.repeats} {i + 1}/{len(order)}] {job.name} (load {os.getloadavg()[0]:.2f}) ...")
                 proxy = proxies[job.net.name]
@@ -348,11 +350,11 @@ def brief(got: dict[str, Any]) -> str:
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    return peers.summary([r for r in runs if r.get(key) is not None] or runs, key)
+    return tables.summary([r for r in runs if r.get(key) is not None] or runs, key)
 
 
 def show(s: dict[str, Any]) -> str:
-    return "-" if "error" in s else peers.cell(s, "s")
+    return "-" if "error" in s else tables.cell(s, "s")
 
 
 def report(res: dict[str, Any], loaders: list[str], net_list: list[Net], args: argparse.Namespace) -> tuple[str, list]:
@@ -379,26 +381,26 @@ def report(res: dict[str, Any], loaders: list[str], net_list: list[Net], args: a
                     show(of(x, "in_flight")),
                     show(of(x, "sustained_mb_s")),
                     show(of(x, "sustained_share")),
-                    "-" if "error" in of(x, "rate") else peers.cell(of(x, "rate"), "rate"),
+                    "-" if "error" in of(x, "rate") else tables.cell(of(x, "rate"), "rate"),
                     f"{gets:.0f} / {throttled:.0f}",
                     show(of(x, "bytes_mb")),
                     f"{sum('error' in g for g in got)} of {len(got)}",
                     show(of(x, "load")),
                 ]
             )
-        first = {x: peers.med(of(x, "first_batch_from_start_s")) for x in loaders}
-        fetch = {x: peers.med(of(x, "fetch_share")) for x in loaders}
-        sustained = {x: peers.med(of(x, "sustained_share")) for x in loaders}
+        first = {x: tables.med(of(x, "first_batch_from_start_s")) for x in loaders}
+        fetch = {x: tables.med(of(x, "fetch_share")) for x in loaders}
+        sustained = {x: tables.med(of(x, "sustained_share")) for x in loaders}
         for label, lower, col in (
             ("first batch", True, first),
             ("fetch", False, fetch),
             ("sustained", False, sustained),
         ):
             for t in tidal:
-                b, mine = peers.best(col, lower), col.get(t)
+                b, mine = tables.best(col, lower), col.get(t)
                 ratio = f"{mine / b[1]:.2f}x ({b[0]})" if b and mine is not None and b[1] else "-"
                 rows.append([f"{t} ÷ best peer, {label}", ratio])
-        table = peers.Table(
+        table = tables.Table(
             f"from S3 over a shaped link: {net.name} ({net.describe()})",
             [
                 "loader",
@@ -431,17 +433,17 @@ def report(res: dict[str, Any], loaders: list[str], net_list: list[Net], args: a
         if net.link is not None:
             for t in tidal:
                 what = f"{net.name}: {t} fetch >= {TARGET_SHARE} of the link"
-                table.targets.append(peers._check("shaped", what, fetch.get(t), TARGET_SHARE, False, "s"))
-        b = peers.best(first, True)
+                table.targets.append(tables.check("shaped", what, fetch.get(t), TARGET_SHARE, False, "s"))
+        b = tables.best(first, True)
         for t in tidal:
             what = f"{net.name}: {t} first batch no later than the best peer ({b[0] if b else '-'})"
-            table.targets.append(peers._check("shaped", what, first.get(t), b and b[1], True, "s"))
+            table.targets.append(tables.check("shaped", what, first.get(t), b and b[1], True, "s"))
         if net.rps is not None:
             for t in tidal:
                 got = runs[f"{net.name} {t}"]
                 failed = sum("error" in g for g in got)
                 what = f"{net.name}: {t} no failed run under throttling"
-                table.targets.append(peers.Target("shaped", what, f"{failed} of {len(got)} failed", failed == 0))
+                table.targets.append(tables.Target("shaped", what, f"{failed} of {len(got)} failed", failed == 0))
         targets += table.targets
         lines.append(table.text())
     return "\n".join(lines), targets
@@ -505,24 +507,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.latency_ms = [float(x) for x in str(args.latency_ms).split(",") if x.strip()]
-    args.vocab, args.train_mb = 32_000, 50.0  # what bench_peers.prepare reads; no tokenizer is trained here
+    args.vocab, args.train_mb = 32_000, 50.0  # what peers.corpus.prepare reads; no tokenizer is trained here
     return args
 
 
 def main() -> None:
     args = parse_args()
-    loaders = peers._subset(args.loaders, LOADERS, "loader")
+    loaders = plan.subset(args.loaders, LOADERS, "loader")
     net_list = nets(args)
     if args.nets:
-        wanted = peers._subset(args.nets, tuple(n.name for n in net_list), "net")
+        wanted = plan.subset(args.nets, tuple(n.name for n in net_list), "net")
         net_list = [n for n in net_list if n.name in wanted]
     t0 = time.perf_counter()
     load0 = os.getloadavg()
-    manifest = peers.prepare(args, list(loaders), need_tokenizer=False)
+    manifest = corpus.prepare(args, list(loaders), need_tokenizer=False)
     res: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "commit": peers.tidal_commit(),
-        "versions": peers.versions(),
+        "commit": tidal_commit(),
+        "versions": versions(),
         "cpus": os.cpu_count(),
         "loadavg_start": load0,
         "args": vars(args),
@@ -532,7 +534,7 @@ def main() -> None:
     res["total_s"] = time.perf_counter() - t0
     text, targets = report(res, list(loaders), net_list, args)
     res["targets"] = [t.__dict__ for t in targets]
-    print(header(res, manifest, args) + "\n" + text + "\n\n" + peers.tally(targets))
+    print(header(res, manifest, args) + "\n" + text + "\n\n" + tables.tally(targets))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))

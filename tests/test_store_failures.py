@@ -667,3 +667,56 @@ def test_the_counters_of_a_reader_that_failed_reach_metrics(tmp_path: Path, work
 
 def _fail(record: dict) -> dict:
     raise ValueError("no record passes")
+
+
+def test_the_hub_says_a_file_replaced_or_deleted_since_the_listing_as_the_stores_do(tmp_path: Path) -> None:
+    """hf:// reads through the same fetcher: its blob id is the version a listing gives."""
+    from hf_hub_fake import FakeHub
+
+    repo = tmp_path / "repo"
+    (repo / "web").mkdir(parents=True)
+    (repo / "web" / "a.jsonl").write_bytes(jsonl(A))
+    (repo / "web" / "b.parquet").write_bytes(parquet(B))
+    with FakeHub({"org/data": {"main": repo}}) as hub:
+        url = "hf://datasets/org/data/web"
+        for failure, cache in (("replaced", "c1"), ("deleted", "c2")):
+            if failure == "deleted":
+                (repo / "web" / "a.jsonl").write_bytes(jsonl(A))
+            settings = Storage(options=hub.options(), cache_dir=str(tmp_path / cache), retry=RETRY, prefetch=0)
+            ds = tidal.Dataset(url, storage=settings)
+            shutil.rmtree(tmp_path / cache / "shards")
+            if failure == "replaced":
+                (repo / "web" / "a.jsonl").write_bytes(jsonl(NEW_A))
+            else:
+                (repo / "web" / "a.jsonl").unlink()
+            says = "changed since the dataset was listed" if failure == "replaced" else "is gone from the store"
+            with pytest.raises(tidal.StorageError, match=says) as err:
+                list(ds)
+            assert str(err.value).startswith(f"{url}/a.jsonl") and "shard cache" not in str(err.value)
+
+
+@pytest.mark.parametrize("failure", ["replaced", "deleted"])
+def test_a_parquet_file_read_in_place_by_ranges_is_the_object_it_was_listed_as(
+    s3: Any, tmp_path: Path, failure: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large Parquet file of which few columns are read is read by ranged GETs, never
+    downloaded: those reads too say that it changed or is gone, at once."""
+    monkeypatch.setattr("tidal.storage.prefetch.RANGE_MIN_BYTES", 0)  # this small file counts as large
+    store = S3(s3, "s3fs")
+    case = Case(store, tmp_path, ())
+    try:
+        wide = [{"id": i, "text": "x" * 2000} for i in range(40)]  # "id" is a small share of the file
+        store.put(case.bucket, "web/b.parquet", parquet(wide))
+        ds = tidal.Dataset(case.url + "/b.parquet", storage=case.storage(), columns=["id"])
+        assert [r["id"] for r in ds] == list(range(40))
+        assert not list((tmp_path / "cache").glob("shards/*.shard"))  # read in place, never downloaded
+        if failure == "replaced":
+            store.put(case.bucket, "web/b.parquet", parquet(B))
+        else:
+            store.delete(case.bucket, "web/b.parquet")
+        says = "changed since the dataset was listed" if failure == "replaced" else "is gone from the store"
+        with pytest.raises(tidal.StorageError, match=says) as err:
+            list(ds)
+        assert str(err.value).startswith(case.file("b.parquet"))
+    finally:
+        case.close()

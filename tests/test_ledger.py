@@ -121,22 +121,17 @@ def test_snapshot_gathers_every_rank(ds: tidal.Dataset) -> None:
     feed(other, ds, 4, World(0, 2))
     seen: list = []
 
-    def gather(local: schema.RankState) -> list:
-        seen.append(local)
-        return [other.local, local]
+    def gather(mine: list) -> list:  # the rank state and the set_weights calls of each rank
+        seen.append(mine[0])
+        return [[other.local, other.calls.mine(other.weights)], mine]
 
     both = ledger.snapshot(gather)
     assert seen == [ledger.local] and both[k.TOPOLOGY] == [2, 2] and both[k.PROGRESS] is not None
     schema.check_same_step(both[k.RANKS])
 
-    def gather_at_one_step(local: schema.RankState) -> list:  # as tidal.DataLoader's under torch.distributed
-        every = [other.local, local]
-        schema.check_same_step(every)
-        return every
-
     feed(other, ds, 1, World(0, 2))
     with pytest.raises(tidal.StateError, match=r"different numbers of batches on different ranks \(\{0: 5, 1: 4\}\)"):
-        ledger.snapshot(gather_at_one_step)
+        ledger.snapshot(gather)
 
 
 @pytest.mark.parametrize(

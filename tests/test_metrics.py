@@ -7,6 +7,7 @@ import itertools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -99,6 +100,46 @@ def test_tokens_per_stream_are_those_the_loop_received_from_each(
     assert m["tokens/code"] == sum(len(r) for r in code)
     assert m["tokens/web"] + m["tokens/code"] == m["tokens"] == sum(len(r) for r in rows)
     assert m["weight/web"] == pytest.approx(0.7) and m["weight/code"] == pytest.approx(0.3)
+
+
+def add_up(m: dict) -> tuple[int, int]:
+    """Σ records/<stream> and Σ tokens/<stream>."""
+    return sum(m[f"records/{n}"] for n in ("web", "code")), sum(m[f"tokens/{n}"] for n in ("web", "code"))
+
+
+@pytest.mark.parametrize("kind", ["0-workers", "2-fork", "jax-2-threads"])
+def test_streams_add_up_to_what_the_loop_got_across_set_weights_and_loaded_states(
+    docs: Path, tmp_path: Path, kind: str
+) -> None:
+    """records == Σ records/<stream> and tokens == Σ tokens/<stream>, whatever restarts the readers."""
+    rng = np.random.default_rng(1)
+    low = write_docs(tmp_path / "code", [rng.integers(600, 700, rng.integers(3, 20)).tolist() for _ in range(40)], 2)
+    ds = mixture(docs, low)
+    if kind.startswith("jax"):
+        pytest.importorskip("jax")
+        import tidal.jax
+
+        ld: Any = tidal.jax.Loader(ds, num_workers=2)
+    else:
+        ld = loader(ds, *WORKERS[IDS.index(kind)])
+    it = iter(ld)
+    rows = []
+    for step in range(1, 31):
+        rows += [r for r in next(it)["input_ids"]]
+        if step in (9, 20):
+            ld.set_weights({"web": 0.2, "code": 0.8} if step == 9 else {"web": 0.5, "code": 0.5})
+        m = ld.metrics()
+        assert m["records"] == len(rows) == add_up(m)[0], f"after step {step}"
+        assert m["tokens"] == sum(len(r) for r in rows) == add_up(m)[1], f"after step {step}"
+    read = m["rows_read"]
+    ld.load_state_dict(ld.state_dict())  # the readers start again where the loop is
+    it = iter(ld)
+    for _ in range(5):
+        rows += [r for r in next(it)["input_ids"]]
+    m = ld.metrics()
+    assert m["records"] == len(rows) == add_up(m)[0] and m["tokens"] == add_up(m)[1]
+    assert m["records/code"] == sum(int(r[0]) >= 600 for r in rows)
+    assert m["rows_read"] >= read  # the readers' counters go on too
 
 
 def test_a_schedule_reports_the_weights_the_mixture_draws_with(docs: Path, tmp_path: Path) -> None:

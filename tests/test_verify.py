@@ -159,3 +159,51 @@ def test_a_hostile_state_is_a_state_error(ds: tidal.Dataset, tmp_path: Path) -> 
         verify(ds, [])
     with pytest.raises(tidal.StateError):
         verify(ds, [{**states[0], "ranks": [None]}])
+
+
+def mixture(tmp_path: Path, packed: bool) -> tidal.Dataset:
+    a = tidal.Dataset(write_records(tmp_path / "a")).shuffle(seed=1, block_size=32).repeat()
+    b = tidal.Dataset(write_records(tmp_path / "b", offset=100)).shuffle(seed=2, block_size=32).repeat()
+    mixed = tidal.mix({"a": a, "b": b}, weights={"a": 0.8, "b": 0.2}, seed=0, stop="never")
+    return mixed.tokenize(word_tokenizer(), eos="<eos>").pack(24).batch(32) if packed else mixed.batch(8)
+
+
+def run_setting_weights(ds: tidal.Dataset, calls: dict[int, dict], every: int = 10, steps: int = 30) -> list[dict]:
+    """States of a run saved every ``every`` steps, that set weights after the steps of ``calls``."""
+    loader = tidal.DataLoader(ds, num_workers=2)
+    states = []
+    for step, _batch in enumerate(loader, 1):
+        if step in calls:
+            loader.set_weights(calls[step])
+        if step % every == 0:
+            states.append(json.loads(json.dumps(loader.state_dict())))
+        if step == steps:
+            return states
+    raise AssertionError("the run ended early")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["batched", "packed"])
+def test_a_run_that_set_weights_is_replayed_with_them(tmp_path: Path, packed: bool) -> None:
+    """Each state holds the set_weights calls since the state before: the replay makes them at their steps."""
+    ds = mixture(tmp_path, packed)
+    calls = {12: {"a": 0.2, "b": 0.8}, 13: {"a": 0.5, "b": 0.5}, 25: {"a": 0.0, "b": 1.0}}
+    states = run_setting_weights(ds, calls)
+    assert [s.get("weight_calls") for s in states] == [
+        None,
+        {"total": 2, "calls": [[0, 12, calls[12]], [0, 13, calls[13]]]},
+        {"total": 3, "calls": [[0, 25, calls[25]]]},
+    ]
+    report = verify(ds, states)
+    assert report.ok, report.lines()
+    assert report.batches == 30
+
+
+def test_a_stretch_whose_calls_no_state_holds_is_said_to_be_unverifiable(tmp_path: Path) -> None:
+    ds = mixture(tmp_path, packed=False)
+    states = run_setting_weights(ds, {12: {"a": 0.2, "b": 0.8}, 25: {"a": 0.0, "b": 1.0}})
+    report = verify(ds, [states[0], states[2]])  # the call after step 12 is in states[1] alone
+    assert not report.ok
+    assert report.breaks == [
+        "states[1] cannot be replayed from states[0]: set_weights() was called 2 times between them, and it holds "
+        "the last 1 (the calls since the state_dict() before it, at most 256): give every state the run took"
+    ]

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import write_jsonl
 
 import tidal
-from tidal.stages import weights as live
 from tidal.world import World
 
 pytest.importorskip("torch")
@@ -146,6 +146,53 @@ def test_packed_rows_resume_exactly_across_changes(streams, strategy, workers) -
         assert resumed(make, cut, steps, CHANGES) == full, f"resumed after {cut} batches"
 
 
+def tokenized(tmp_path: Path) -> dict[str, tidal.Dataset]:
+    """Two streams whose tokens tell them apart: web's below 500, code's from 600."""
+    from test_pack import write_docs
+
+    rng = np.random.default_rng(0)
+    web = write_docs(tmp_path / "web", [rng.integers(0, 500, rng.integers(2, 30)).tolist() for _ in range(400)])
+    code = write_docs(tmp_path / "code", [rng.integers(600, 700, rng.integers(2, 30)).tolist() for _ in range(400)])
+    return {"web": tidal.Dataset(web).shuffle(seed=1).repeat(), "code": tidal.Dataset(code).shuffle(seed=2).repeat()}
+
+
+def test_packed_rows_draw_anew_from_the_next_document(tmp_path: Path) -> None:
+    """concat packing: the document in progress goes on, every later one is drawn under the new
+    weights, though the packer had read 256 documents ahead under the old ones."""
+    from test_pack import EOS, word_tokenizer
+
+    mix = tidal.mix(tokenized(tmp_path), weights={"web": 0.9, "code": 0.1}, seed=0)
+    loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24).batch(4))
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    loader.set_weights(CODE_ONLY)
+    after = [t for _ in range(10) for row in next(it)["input_ids"].tolist() for t in row]
+    first = after.index(EOS)  # the end of the document in progress
+    assert all(t < 500 for t in after[:first]) and all(t >= 600 for t in after[first + 1 :] if t != EOS)
+    m = loader.metrics()
+    assert m["weight/code"] == 1.0 and m["records/code"] + m["records/web"] >= 5 * 4
+
+
+def test_best_fit_rows_come_from_its_buffer_until_used_up_and_metrics_say_so(tmp_path: Path) -> None:
+    """best_fit plans its rows over its whole buffer: the rows cut from it keep the old weights, and
+    weight/<stream> says so until the rows of the next buffer come."""
+    from test_pack import EOS, word_tokenizer
+
+    mix = tidal.mix(tokenized(tmp_path), weights={"web": 0.9, "code": 0.1}, seed=0)
+    loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24, "best_fit", buffer_size=8).batch(2))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    loader.set_weights(CODE_ONLY)
+    webs = []
+    while loader.metrics()["weight/code"] != 1.0:  # the buffer began before the call: a few hundred documents
+        assert loader.metrics()["weight/code"] == pytest.approx(0.1)
+        webs.append(any(t < 500 for row in next(it)["input_ids"].tolist() for t in row))
+    assert len(webs) > 1 and all(webs[:-1])  # drawn with 0.9 / 0.1, as metrics() said
+    assert all(t >= 600 for _ in range(5) for row in next(it)["input_ids"].tolist() for t in row if t != EOS)
+
+
 def test_continuous_rows_resume_exactly_across_changes(streams) -> None:
     ds = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0).batch(4, continuous=True)
 
@@ -200,17 +247,30 @@ def test_a_reader_replays_its_batches_from_a_state_alone(streams) -> None:
         assert mine == coming[first::2]
 
 
-def test_the_state_stays_small_however_often_weights_change(streams) -> None:
+def test_the_state_stays_small_however_often_weights_change(streams, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader keeps the changes its position needs; the state, the calls since the state before
+    (for tidal state verify), at most calls.KEPT of them (here 10)."""
     from test_pack import word_tokenizer
 
+    from tidal.state import calls
+
+    monkeypatch.setattr(calls, "KEPT", 10)
     mix = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0)
     loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24, "best_fit", buffer_size=4).batch(2))
-    every_step = {s: {"web": 1 + s % 3, "code": 1 + s % 5} for s in range(1, 120)}
-    run(loader, 120, every_step)
+    every_step = {s: {"web": 1 + s % 3, "code": 1 + s % 5} for s in range(1, 100)}
+    run(loader, 30, every_step)
+    loader.state_dict()
+    run(loader, 6, every_step, first=30)
     state = loader.state_dict()
     (reader,) = state["ranks"][0]["workers"]
     assert 1 <= len(reader["weights"][0]) <= 3  # the changes since its packing buffer began
-    assert len(json.dumps(state)) < 2_000
+    made = state["weight_calls"]
+    assert made["total"] == 36 and [c[1] for c in made["calls"]] == list(range(31, 37))
+    assert len(json.dumps(state)) < 1_500
+    run(loader, 24, every_step, first=36)  # 24 calls since the last state: the last 10 are kept
+    state = loader.state_dict()
+    made = state["weight_calls"]
+    assert made["total"] == 60 and [c[1] for c in made["calls"]] == list(range(51, 61))
 
 
 def test_a_chain_with_a_mixture_inside_a_stream_of_another(streams) -> None:
@@ -246,12 +306,51 @@ def test_bad_weights_are_argument_errors(streams, tmp_path: Path) -> None:
     assert "weights" not in loader.state_dict()  # nothing was set
 
 
-def test_ranks_that_disagree_are_told(streams) -> None:
-    live.agree([[5, CODE_ONLY], [5, CODE_ONLY]])
-    with pytest.raises(tidal.ArgumentError, match="different numbers of batches"):
-        live.agree([[5, CODE_ONLY], [6, CODE_ONLY]])
-    with pytest.raises(tidal.ArgumentError, match="different weights on different ranks"):
-        live.agree([[5, CODE_ONLY], [5, WEB_ONLY]])
+def test_ranks_that_disagree_are_told_at_the_next_state_dict(streams) -> None:
+    """set_weights is no collective: each rank records its calls, and the state_dict() every rank
+    calls at the same step gathers and compares them (here two ledgers and a gather of both)."""
+    from tidal.state.ledger import Ledger
+
+    ds = mixed(streams)
+    ledgers = [Ledger(ds, 1, ranks=lambda r=r: World(r, 2)) for r in range(2)]
+
+    def snapshot() -> list[Any]:
+        """Each rank's state_dict(): a state, or the error it raised."""
+        mine = [[ledger.local, ledger.calls.mine(ledger.weights)] for ledger in ledgers]
+        out: list[Any] = []
+        for ledger in ledgers:
+            try:
+                out.append(ledger.snapshot(lambda _: mine))
+            except tidal.ArgumentError as exc:
+                out.append(exc)
+        return out
+
+    def call(rank: int, batches: int, weights: dict) -> None:
+        ledgers[rank].local["counts"]["batches"] = batches
+        ledgers[rank].set_weights(weights)
+
+    call(0, 3, CODE_ONLY), call(1, 3, CODE_ONLY)
+    for ledger in ledgers:
+        ledger.local["counts"]["batches"] = 5
+    agreed = snapshot()
+    assert agreed[0] == agreed[1] and agreed[0]["weight_calls"] == {"total": 1, "calls": [[0, 3, CODE_ONLY]]}
+    call(0, 6, WEB_ONLY), call(1, 7, WEB_ONLY)  # rank 1 a batch later
+    for ledger in ledgers:
+        ledger.local["counts"]["batches"] = 9
+    told = snapshot()
+    assert all(isinstance(e, tidal.ArgumentError) for e in told) and str(told[0]) == str(told[1])
+    assert "rank 0: {web: 1, code: 0} after batch 6" in str(told[0])
+    assert "rank 1: {web: 1, code: 0} after batch 7" in str(told[0])
+    assert snapshot()[0]["weight_calls"] == {"total": 2, "calls": []}  # told once: the weights in force agree
+    call(0, 9, {"web": 1.0, "code": 1.0}), call(1, 9, {"web": 1.0, "code": 2.0})
+    told = snapshot()
+    assert "rank 0: {web: 1, code: 1} after batch 9 (in force: {web: 1, code: 1})" in str(told[0])
+    assert "rank 1: {web: 1, code: 2} after batch 9 (in force: {web: 1, code: 2})" in str(told[1])
+    told = snapshot()  # said again while the weights in force differ
+    said = "rank 0: no call (in force: {web: 1, code: 1}) | rank 1: no call (in force: {web: 1, code: 2})"
+    assert said in str(told[0])
+    call(0, 9, {"web": 1.0, "code": 1.0}), call(1, 9, {"web": 1.0, "code": 1.0})
+    assert isinstance(snapshot()[0], dict)
 
 
 def test_hostile_weights_in_a_state_name_their_key(streams, tmp_path: Path) -> None:
@@ -278,6 +377,12 @@ def test_hostile_weights_in_a_state_name_their_key(streams, tmp_path: Path) -> N
     bad(lambda s: s["ranks"][0]["workers"][0].update(weights=[[[-1, CODE_ONLY]]]), re.escape(reader + "[0][0][0]"))
     bad(lambda s: s["ranks"][0]["workers"][0].update(weights=[[[5, CODE_ONLY], [5, WEB_ONLY]]]), "not a draw after")
     bad(lambda s: s["ranks"][0]["workers"][0].update(weights=[[], []]), "2 rows of changes")
+    assert good["weight_calls"] == {"total": 1, "calls": [[0, 3, CODE_ONLY]]}
+    calls = "state['weight_calls']"
+    bad(lambda s: s.update(weight_calls={"total": 0, "calls": [[0, 3, CODE_ONLY]]}), re.escape(calls) + ".* more than")
+    bad(lambda s: s["weight_calls"]["calls"][0].__setitem__(1, -3), re.escape(calls + "['calls'][0][1]"))
+    bad(lambda s: s["weight_calls"]["calls"][0].__setitem__(2, {"web": -1}), re.escape(calls + "['calls'][0][2]"))
+    bad(lambda s: s["weight_calls"].update(when=1), re.escape(calls + "['when']") + ": not a key")
     plain = tidal.DataLoader(stream(tmp_path / "plain", "web", 300).batch(4), num_workers=2)
     run(plain, 3, {})
     state = plain.state_dict()
@@ -305,6 +410,26 @@ def test_state_show_names_the_weights_in_force(streams, tmp_path: Path, capsys) 
     assert "web 0.25, code 0.75" in capsys.readouterr().out
 
 
+def test_state_show_of_a_packed_mixture_says_where_its_draws_are_counted(streams) -> None:
+    """A packing stage's position holds the mixture's draws where its buffer began: 0 for a while."""
+    from test_pack import word_tokenizer
+
+    mix = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0)
+    loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24).batch(4), num_workers=2)
+    run(loader, 3, {})
+    shown = tidal.state.show(loader.state_dict())
+    read = re.search(r"mixture: 0 records drawn over all readers before the documents in their packing buffers, "
+                     r"which a restore draws again \((\d+) records read from the streams in all\)", shown)  # fmt: skip
+    assert read and int(read.group(1)) >= 2 * 256, shown
+    assert "mixture: 12 records drawn over all readers\n" in tidal.state.show(run_state(mixed(streams, 4), 3))
+
+
+def run_state(ds: tidal.Dataset, steps: int) -> dict:
+    loader = tidal.DataLoader(ds, num_workers=2)
+    run(loader, steps, {})
+    return loader.state_dict()
+
+
 @pytest.mark.parametrize(("workers", "prefetch"), [(0, 0), (2, 3)])
 def test_the_jax_loader_sets_weights_and_resumes_exactly(streams, workers, prefetch) -> None:
     pytest.importorskip("jax")
@@ -327,22 +452,29 @@ def test_the_jax_loader_sets_weights_and_resumes_exactly(streams, workers, prefe
 
 
 @pytest.mark.slow
-def test_every_rank_sets_the_weights_at_the_same_step_or_is_told(tmp_path: Path) -> None:
+def test_ranks_that_set_weights_at_other_steps_are_told_not_hung(tmp_path: Path) -> None:
+    """Under torchrun, each step an all_reduce: rank 1 setting weights a step after rank 0 (or other
+    weights) hangs no rank; the next state_dict() raises on both, naming the ranks and their calls."""
     import procs
 
     stream(tmp_path / "web", "web", 600), stream(tmp_path / "code", "code", 300)
     out = tmp_path / "out"
     out.mkdir()
     script = Path(__file__).parent / "distributed" / "run_weights.py"
-    args = [str(tmp_path / "web" / "web-*.jsonl"), str(tmp_path / "code" / "code-*.jsonl"), str(out)]
-    procs.torchrun(script, *args, nproc=2, env=procs.child_env(tmp_path / "cache"))
+    args = [str(tmp_path / "web" / "web-*.jsonl"), str(tmp_path / "code" / "code-*.jsonl"), str(out), "0"]
+    procs.torchrun(script, *args, nproc=2, env=procs.child_env(tmp_path / "cache"), timeout=150)  # killed, not hung
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         assert all(src == "code" for b in r["after"] for src in b)  # from the next batch, on every rank
-        assert r["state"]["weights"] == CODE_ONLY and all(r["state"]["ranks"])
-        assert "different weights on different ranks" in r["errors"][0]
-        assert "different numbers of batches" in r["errors"][1]
-    assert ranks[0]["state"] == ranks[1]["state"]
+        assert r["agreed"]["weights"] == CODE_ONLY and all(r["agreed"]["ranks"])
+        steps, weights, again = r["errors"]
+        assert "rank 0: {web: 1, code: 1} after batch 6" in steps and "rank 1: {web: 1, code: 1} after batch 7" in steps
+        assert "rank 0: {web: 1, code: 1} after batch 9" in weights
+        assert "rank 1: {web: 1, code: 2} after batch 9" in weights
+        assert "rank 0: no call (in force: {web: 1, code: 1})" in again and "(in force: {web: 1, code: 2})" in again
+        assert r["last"]["weights"] == {"web": 1.0, "code": 1.0}
+    assert ranks[0]["agreed"] == ranks[1]["agreed"] and ranks[0]["last"] == ranks[1]["last"]
+    assert ranks[0]["errors"] == ranks[1]["errors"]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

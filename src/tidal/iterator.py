@@ -71,6 +71,7 @@ class DatasetIterator(Iterator[Any]):
         self._trace = trace
         self._located: Locator = Unlocated()  # with trace: where the chunk's items came from
         self._live = Live(saved, f"{where}['{k.WEIGHTS}']")
+        self._live.coming = weights
         self._top = stage.open(Context(world, first_epoch, origin, weights=self._live, trace=trace), position)
         self._live.check_attached()
         if weights is not None:  # set on the loader: from the next draw past this state on
@@ -80,6 +81,7 @@ class DatasetIterator(Iterator[Any]):
         self._at = 0
         self._chunk_position = self._top.position()
         self._chunk_used = self._top.used()
+        self._stated = self._chunk_position  # the position of the last state()
         self._done = False
         if within:
             self._fill()
@@ -136,7 +138,13 @@ class DatasetIterator(Iterator[Any]):
         changes = self._live.saved(position)
         if changes is not None:
             state[k.WEIGHTS] = changes
+        self._stated = position
         return state
+
+    def streams(self) -> tuple[dict, dict, dict, dict, dict] | None:
+        """The top mixture's counts per stream, now and at the position of the last ``state()``, and
+        its weights there (:meth:`tidal.stages.weights.Live.streams`); None without a mixture."""
+        return self._live.streams(self._stated)
 
     def _passed(self) -> int:
         self.stats_at_state = stats = self._top.stats()  # kept for the batch's mark (tidal.metrics.Marker)

@@ -52,7 +52,6 @@ from tidal.metrics import Meter
 from tidal.stages import weights as live
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
-from tidal.state import keys as k
 from tidal.state.ledger import Ledger
 from tidal.transport.bundles import numeric, round_robin, side_by_side, steps
 from tidal.transport.jax import int32_ids
@@ -144,8 +143,10 @@ class Loader:
         """Start the readers from the last batch consumed (or the loaded state)."""
         self.close()
         ranks = self._ranks()
-        self._ledger.restore(ranks)
-        self._meter.new_pass()
+        ledger = self._ledger
+        reopened = ledger.pending is not None or any(r is not None for r in ledger.readers)
+        ledger.restore(ranks)
+        self._meter.new_pass(reopened)
         together = ranks.world_size > 1 and jax.process_count() > 1 and self.dataset.may_end_unevenly()
         running = LoaderIterator(self, ranks, together)
         self._running = weakref.ref(running)
@@ -208,20 +209,20 @@ class Loader:
         """What the training loop has consumed, on every process: small, JSON-able, topology-free.
 
         Under multi-process JAX this gathers every process's part, so every process must call
-        it at the same step; every process then gets the same dict. The layout is
-        ``tidal.DataLoader``'s (:mod:`tidal.state.schema`): ranks are JAX processes.
+        it at the same step; every process then gets the same dict, and processes that made
+        other ``set_weights`` calls since the last ``state_dict()`` are named in an
+        :class:`~tidal.ArgumentError`. The layout is ``tidal.DataLoader``'s
+        (:mod:`tidal.state.schema`): ranks are JAX processes.
         """
         return self._ledger.snapshot(_allgather_json if jax.process_count() > 1 else None)
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Set the mixture's weights (``{stream: weight}``; streams left out: 0) from the next batch
         on, kept in ``state_dict()``: as :meth:`tidal.DataLoader.set_weights` (the readers restart
-        from the last batch consumed). Call it on every process at the same step with the same
-        weights; under multi-process JAX this is checked (an all-gather)."""
-        checked = live.for_stage(self.dataset.stage, weights)
-        if jax.process_count() > 1:
-            live.agree(_allgather_json([self._ledger.local[k.COUNTS][k.BATCHES], checked]))
-        self._ledger.set_weights(checked)
+        from the last batch consumed). Call it on every process after the same number of batches
+        with the same weights: it is no collective, and the next ``state_dict()`` (which gathers
+        every process's calls) names the processes that differ in an :class:`~tidal.ArgumentError`."""
+        self._ledger.set_weights(live.for_stage(self.dataset.stage, weights))
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
@@ -275,6 +276,7 @@ class LoaderIterator(Iterator[dict]):
         if self._changes != self._loader._ledger.changes:  # set_weights: read on from what the loop received
             self._source.close()
             self._pool.close()
+            meter.new_pass(reopened=True)
             self._start()
         try:
             parts, tokens, batch = next(self._source)

@@ -50,10 +50,8 @@ from tidal.errors import ArgumentError, TidalError
 from tidal.metrics import Mark, Meter
 from tidal.stages import weights as live
 from tidal.stages.continuous import shared_rows
-from tidal.state import keys as k
 from tidal.state import schema
 from tidal.state.ledger import Ledger
-from tidal.state.schema import RankState
 from tidal.transport import orphans, rings, warmup
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
 from tidal.transport.pool import Ahead
@@ -175,11 +173,9 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _all_gather(local: RankState) -> list[RankState | None]:
-    """Every rank's rank state (:func:`_gather_json`), taken at the same step."""
-    every: list[RankState | None] = _gather_json(local)
-    schema.check_same_step(every)
-    return every
+def _all_gather(local: Any) -> list[Any]:
+    """Every rank's ``local`` (the ledger's part of a state), in rank order (:func:`_gather_json`)."""
+    return _gather_json(local)
 
 
 def _gather_json(value: Any) -> list[Any]:
@@ -337,8 +333,11 @@ class DataLoader(torch.utils.data.DataLoader):
 
         Under ``torch.distributed`` this gathers the state of all ranks, so every rank must
         call it at the same step (as with any collective); every rank then gets the same
-        dict. Without it (``RANK``/``WORLD_SIZE`` only), it covers this rank alone: combine
-        the ranks' states with :func:`tidal.state.merge` for an elastic restore.
+        dict. It also compares the ``set_weights`` calls every rank made since the last
+        ``state_dict()``: ranks that made other calls (other weights, or after another number
+        of batches) are named in an :class:`~tidal.ArgumentError`, raised on every rank. Without
+        it (``RANK``/``WORLD_SIZE`` only), it covers this rank alone: combine the ranks' states
+        with :func:`tidal.state.merge` for an elastic restore.
         """
         held = _held_by_lightning(self) * (self._workers if self._split else 1)  # not trained on: not consumed
         return self._ledger.snapshot(_all_gather if _distributed() else None, rewind=held)
@@ -351,15 +350,16 @@ class DataLoader(torch.utils.data.DataLoader):
 
         The workers restart from the state after the last batch received (batches they read ahead
         under the old weights are dropped), so the order stays a pure function of the seed, the
-        position and the weights set. Call it on every rank at the same step with the same weights
-        (under ``torch.distributed`` this is checked, as a collective). A dataset without
+        position and the weights set. Under ``pack()`` the row in progress goes on with its
+        document and the next documents are drawn under the new weights (``strategy="best_fit"``:
+        once the rows of its buffer in progress are served; see ``docs/mixing.md``). Call it on
+        every rank after the same number of batches with the same weights: it is no collective (a
+        rank a step behind would hang the others), so the next ``state_dict()``, which gathers
+        every rank's calls, checks it and names the ranks that differ in an
+        :class:`~tidal.ArgumentError`. A dataset without
         ``tidal.mix``, unknown names, negative or all-zero weights are an :class:`~tidal.ArgumentError`.
         """
-        checked = live.for_stage(self.tidal_dataset.stage, weights)
-        if _distributed():
-            every = _gather_json([self._ledger.local[k.COUNTS][k.BATCHES], checked])
-            live.agree(every)
-        self._ledger.set_weights(checked)
+        self._ledger.set_weights(live.for_stage(self.tidal_dataset.stage, weights))
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
@@ -374,8 +374,9 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ranks = World.ranks()
         ledger = self._ledger
+        reopened = ledger.pending is not None or any(r is not None for r in ledger.readers)
         ledger.restore(ranks)
-        self._meter.new_pass()
+        self._meter.new_pass(reopened)
         self._stream.ranks = ranks
         self._stream.first_epoch = ledger.first_epoch()
         self._stream.origin = ledger.origin
@@ -463,6 +464,7 @@ class DataLoader(torch.utils.data.DataLoader):
                     changes = ledger.changes
                     close(source)
                     self._stop_workers(bundles)
+                    meter.new_pass(reopened=True)
                     bundles = self._start()
                     made = self._make(bundles, n, ledger.next_worker, device if ahead else None)
                     source = Ahead(made, self._prefetch, "tidal-prefetch-to-device") if ahead else made
@@ -524,8 +526,10 @@ class DataLoader(torch.utils.data.DataLoader):
         """``(worker, reader state after it, tokens, batch, copy event, mark)`` in round-robin
         order; with ``device`` (prefetching), the batch is already copied there."""
 
-        def fetch(_: int) -> Bundle:
-            got = next(bundles)
+        asked = getattr(bundles, "fetch", None)  # readers asked by number (tidal.ray's actors), not torch's
+
+        def fetch(w: int) -> Bundle:
+            got = asked(w) if asked is not None else next(bundles)
             if isinstance(got, _WorkerError):
                 got.raise_()
             return got

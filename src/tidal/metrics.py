@@ -19,15 +19,18 @@ non-padding tokens. The readers' I/O counters (``bytes_read``, ``retries``, ``ca
 are what the readers did, which runs ahead of the loop by the batches in flight.
 
 Metrics describe this process's run of a loader: they start at zero when the loader is made
-and are never reset by reading them, by a new pass over the loader or by
-``load_state_dict()`` (a resumed run counts from where it resumed; the state's own counts say
-how far the whole run has gone). This module imports neither torch nor JAX.
+and are never reset by reading them, by a new pass over the loader, by ``load_state_dict()``
+(a resumed run counts from where it resumed; the state's own counts say how far the whole run
+has gone) or by ``set_weights()``. Readers count from zero each time they start; the meter keeps
+what the readers before them counted, up to the last batch the loop received from each where
+new readers take up from there (:meth:`Meter.new_pass`), so ``records == Σ records/<stream>``
+holds across all of it. This module imports neither torch nor JAX.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -37,9 +40,19 @@ if TYPE_CHECKING:
     from tidal.iterator import DatasetIterator
     from tidal.stages import Stage
 
-Streams = tuple[dict[str, int], dict[str, int], dict[str, float]]
-"""Per mixed stream, the records and the tokens a reader's mixture has drawn so far, and the
-weight it draws with now."""
+
+class Streams(NamedTuple):
+    """Per stream of a reader's mixture after a batch: the records and tokens it has drawn, the
+    weight it draws with at the reader's position, and the records and tokens it had drawn up to
+    that position. They differ where a packing stage holds documents drawn ahead: its position is
+    where its buffer began, and a reader reopened there (``set_weights``) draws them again."""
+
+    records: dict[str, int]
+    tokens: dict[str, int]
+    weights: dict[str, float]
+    records_at: dict[str, int]
+    tokens_at: dict[str, int]
+
 
 Mark = tuple[int, int, Streams | None]
 """What a batch holds: records (rows), tokens (non-padding), and the reader's streams after it."""
@@ -96,20 +109,15 @@ def tokens_of(item: Any) -> int:
 
 class Marker:
     """Marks each item of a reader (``it``) with what it holds: see :data:`Mark`. Called right
-    after ``it.state()``, it takes the chain's counters that call read, instead of reading them again."""
+    after ``it.state()``, it takes the mixture's counts at the position that call returned."""
 
     def __init__(self, it: DatasetIterator):
         self._it = it
         self._batched = any(s.batch_size() is not None for s in _main_line(it.stage))
-        self._mixed: bool | None = None  # whether the reader's stats have streams (known at the first item)
 
     def __call__(self, item: Any) -> Mark:
-        streams: Streams | None = None
-        if self._mixed is not False:
-            stats = self._it.stats_at_state or self._it.stats()  # called right after state(): its counters
-            self._mixed = "tokens_per_stream" in stats
-            if self._mixed:
-                streams = (stats["records_per_stream"], stats["tokens_per_stream"], stats["weights_in_force"])
+        drawn = self._it.streams()
+        streams = Streams(*drawn) if drawn is not None else None
         return records_of(item, self._batched), tokens_of(item), streams
 
 
@@ -128,7 +136,7 @@ class Meter:
     ``received(parts, waited)`` for every batch the loop received and the seconds it waited
     for it; ``bundle(worker, stats)`` for each bundle's reader counters; ``new_pass()`` when
     readers start afresh; :meth:`metrics` reads it all. Under a mixture, the weights are those
-    the reader of the last batch received draws with (the mixture's first ones before any).
+    the records of the last batch received were drawn with (the mixture's first ones before any).
     """
 
     def __init__(self, stage: Stage):
@@ -161,17 +169,21 @@ class Meter:
             self.tokens += tokens
             if streams is not None:
                 self._streams[worker] = streams
-                self._weights = streams[2]
+                self._weights = streams.weights
 
-    def new_pass(self) -> None:
-        """Readers start afresh (their counters from zero): keep what the last ones counted."""
+    def new_pass(self, reopened: bool = False) -> None:
+        """Readers start afresh (their counters from zero): keep what the last ones counted.
+        ``reopened``: they start where the last ones stood after the last batch the loop got
+        (``set_weights``, a state loaded, a pass taken up again), and draw again what a packing
+        stage of theirs held beyond it: that is kept out."""
         self._before = self.readers()
-        self._streams_before = self._stream_totals()
+        self._streams_before = self._stream_totals(at_position=reopened)
         self._readers, self._streams = {}, {}
 
-    def _stream_totals(self) -> tuple[dict[str, int], dict[str, int]]:
+    def _stream_totals(self, at_position: bool = False) -> tuple[dict[str, int], dict[str, int]]:
         records, tokens = dict(self._streams_before[0]), dict(self._streams_before[1])
-        for drawn, toks, _ in self._streams.values():
+        for streams in self._streams.values():
+            drawn, toks = (streams.records_at, streams.tokens_at) if at_position else (streams.records, streams.tokens)
             for n, v in drawn.items():
                 records[n] = records.get(n, 0) + v
             for n, v in toks.items():

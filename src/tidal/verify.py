@@ -17,6 +17,12 @@ Two things are checked:
   is read once per epoch over all ranks; one read twice is a *duplicate*, named with the ranks
   and steps that read it.
 
+Mixture weights set during the run (``loader.set_weights``) are set again in the replay, at the
+step they were set: each state holds the calls made since the state before it
+(:mod:`tidal.state.calls`). Where a state holds fewer than were made since the state before it
+in the list (a state taken between them is missing, or more than it keeps were made), that
+stretch cannot be replayed, and says so.
+
 Batches skipped with ``tidal state skip`` (the state it writes counts them, ``skipped_batches``)
 are the first batches after the state they were skipped from: give the state ``skip`` wrote in
 its place among the others, and they are reported as skipped, not as read, and are not an
@@ -34,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from tidal.errors import StateError
 from tidal.provenance import Replay, Step, load_state
+from tidal.state import calls as weight_calls
 from tidal.state import keys as k
 from tidal.state.schema import check_layout
 
@@ -199,6 +206,16 @@ def _boundary(
     """Replay every rank of ``target``'s topology from ``previous`` to ``target``."""
     ranks, workers = target[k.TOPOLOGY]
     skipped = target.get(k.SKIPPED_BATCHES, 0) - (previous or {}).get(k.SKIPPED_BATCHES, 0)
+    calls = _calls_between(previous, target)
+    if calls is None:
+        before = names[index - 1] if previous is not None else "the start of the run"
+        made, kept = _total(target) - _total(previous), len(target[k.WEIGHT_CALLS][k.CALLS])
+        report.breaks.append(
+            f"{names[index]} cannot be replayed from {before}: set_weights() was called {made} times between "
+            f"them, and it holds the last {kept} (the calls since the state_dict() before it, at most "
+            f"{weight_calls.KEPT}): give every state the run took"
+        )
+        return
     for r in range(ranks):
         goal_rank = target[k.RANKS][r]
         if goal_rank is None:
@@ -216,7 +233,10 @@ def _boundary(
             continue
         steps = _Steps(replay)
         taken = 0
+        todo = list(calls)
         while (replay.pass_, replay.step) < goal and not steps.done:
+            while todo and (todo[0][0], todo[0][1]) <= (replay.pass_, replay.step):
+                steps.switch(todo.pop(0)[2])  # set_weights after this many batches: as the loader, read on under them
             step = steps.next()
             if step is None:
                 continue  # a pass ended: the next one starts
@@ -248,6 +268,21 @@ def _boundary(
             )
 
 
+def _total(state: dict | None) -> int:
+    """set_weights calls of the run up to ``state``."""
+    return int(((state or {}).get(k.WEIGHT_CALLS) or {}).get(k.TOTAL, 0))
+
+
+def _calls_between(previous: dict | None, target: dict) -> list | None:
+    """The set_weights calls made between two states, oldest first (``[pass, batches, weights]``);
+    None where ``target`` does not hold them all."""
+    made = _total(target) - _total(previous)
+    if made <= 0:
+        return []
+    held = (target.get(k.WEIGHT_CALLS) or {}).get(k.CALLS, [])
+    return held[-made:] if made <= len(held) else None
+
+
 class _Steps:
     """A replay's batches, pass after pass; ``done`` once a pass yields nothing."""
 
@@ -269,6 +304,14 @@ class _Steps:
         self._replay.next_pass()
         self._it, self._fresh = iter(self._replay), True
         return None
+
+    def switch(self, weights: dict[str, float]) -> None:
+        """``set_weights(weights)`` here: the readers reopened where they are, under them (as the loader restarts them)."""
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+        self._replay.weights = weights
+        self._it = iter(self._replay)
 
 
 def _at(replay: Replay, rank: dict) -> bool:

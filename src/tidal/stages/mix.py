@@ -18,6 +18,7 @@ readers): a training step of a global batch of ``B`` records is ``B`` of them.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from tidal.stages.read import Read, ReadPlan
 
 BLOCK = 1024
+COUNTED = 1024  # calls a mixture remembers its counts at (counts_at): a packing buffer's worth, many times over
 STOPS = ("first_exhausted", "all_exhausted", "never")
 Weights = Mapping[str, float]
 
@@ -288,6 +290,7 @@ class MixIterator(StageIterator):
         self._order_cache: tuple[int, np.ndarray] | None = None
         self.drawn = dict.fromkeys(self._names, 0)
         self.tokens = dict.fromkeys(self._names, 0)
+        self._counted: deque[tuple[int, dict[str, int], dict[str, int]]] = deque(maxlen=COUNTED)  # see counts_at
         saved: dict[str, View | None] = dict.fromkeys(self._names)
         if position is None:
             origin = (ctx.origin or {}).get(ctx.key + k.MIX) or {}
@@ -360,6 +363,8 @@ class MixIterator(StageIterator):
         return draws[at : at + n]
 
     def next(self, max_items: int) -> Table:
+        if not self._counted or self._counted[-1][0] != self._k:
+            self._counted.append((self._k, dict(self.drawn), dict(self.tokens)))
         out: list[Any] = []
         parts: list[tuple[int, Locator]] = []
         while len(out) < max_items:
@@ -426,11 +431,27 @@ class MixIterator(StageIterator):
     def weights_now(self) -> dict[str, float]:
         """The weight each stream is drawn with at the next draw, normalized: those set on the
         loader (``set_weights``) where they are in force, else the mixture's own."""
-        live, _ = in_force(self._changes, self._k)
+        return self.drawn_with(self._k)
+
+    def drawn_with(self, draw: int) -> dict[str, float]:
+        """The weights, normalized, this reader draws (or drew) its draw ``draw`` with."""
+        live, _ = in_force(self._changes, draw)
         if live is None or self._mix.counts is not None:
-            return weights_at(self._mix, self._k, self._world.consumers)
+            return weights_at(self._mix, draw, self._world.consumers)
         total = sum(live.get(n, 0.0) for n in self._names)
         return {n: live.get(n, 0.0) / total for n in self._names}
+
+    def counts_at(self, draw: int) -> tuple[dict[str, int], dict[str, int]]:
+        """Records and tokens of each stream this iterator had drawn when its draw count was
+        ``draw``: now, or at the start of a call it answered since (a packing stage's position
+        holds the mixture's where its buffer began). Older than those remembered: now."""
+        counted = self._counted
+        if draw < self._k:
+            while len(counted) > 1 and counted[1][0] <= draw:
+                counted.popleft()  # positions only move on: older counts are not asked for again
+            if counted and counted[0][0] == draw:
+                return dict(counted[0][1]), dict(counted[0][2])
+        return dict(self.drawn), dict(self.tokens)
 
     def stats(self) -> dict:
         mine = {

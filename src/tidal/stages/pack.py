@@ -70,8 +70,10 @@ class Pack(Step):
 
     def open(self, ctx: Context, position: View | None) -> StageIterator:
         up = self.upstream.open(ctx, position.view(k.UPSTREAM) if position is not None else None)
-        kind = BestFitPackIterator if self.config.strategy == "best_fit" else ConcatPackIterator
-        return kind(up, self.config, position, ctx.trace)
+        if self.config.strategy == "best_fit":
+            return BestFitPackIterator(up, self.config, position, ctx.trace)
+        anew = ctx.weights is not None and ctx.weights.switching  # set_weights: draw what is not begun anew
+        return ConcatPackIterator(up, self.config, position, ctx.trace, anew)
 
     def shifts_labels(self) -> bool:
         return self.config.shift_labels
@@ -292,7 +294,14 @@ class _Chunk:
 
 
 class ConcatPackIterator(StageIterator):
-    def __init__(self, upstream: StageIterator, cfg: PackConfig, position: View | None, trace: bool = False):
+    """``anew``: opened at ``position`` where the weights of the mixture above change (``set_weights``),
+    it reads again only the documents the rows had begun, one at a time, so that the documents after
+    them are drawn under the new weights; the positions it then reports (the upstream's before each
+    of them) restore as any."""
+
+    def __init__(
+        self, upstream: StageIterator, cfg: PackConfig, position: View | None, trace: bool = False, anew: bool = False
+    ):
         self._up, self._cfg = upstream, cfg
         self._trace = trace
         self._located: Locator = Unlocated()
@@ -306,16 +315,22 @@ class ConcatPackIterator(StageIterator):
         self.sequences = self.tokens = 0
         if position is not None:
             token = position.integer(k.TOKEN)
-            self._pull()
-            if token > (len(self._chunks[0].tokens) if self._chunks else 0):
-                size = len(self._chunks[0].tokens) if self._chunks else 0
+            if anew:
+                while self._available() < token and not self._ended:
+                    self._pull(1)  # the documents begun; the one that starts at token is not
+            else:
+                self._pull()
+            if token > self._available():
+                size = self._available()
                 raise StateError(f"{position.where(k.TOKEN)}: token {token} is past the chunk's {size} tokens")
             self._pos = token
+            while self._chunks and self._pos >= len(self._chunks[0].tokens) and (anew or len(self._chunks) > 1):
+                self._pos -= len(self._chunks.popleft().tokens)
 
-    def _pull(self) -> None:
+    def _pull(self, docs: int | None = None) -> None:
         state, consumed = self._up.position(), self._up.used()
         try:
-            table = self._up.next(self._cfg.chunk_docs)
+            table = self._up.next(docs or self._cfg.chunk_docs)
         except StopIteration:
             self._ended = True
             return

@@ -75,6 +75,18 @@ class Live:
         self._saved: list | None = saved
         self._where = where
         self._lanes: dict[int, tuple[list[Change], MixIterator]] = {}
+        self.coming: Mapping[str, float] | None = None  # the weights switch() will set, once the chain is open
+
+    @property
+    def switching(self) -> bool:
+        """Whether :attr:`coming` changes the weights of a mixture attached so far: a packing stage
+        above it then reads again only the documents it had begun (:mod:`tidal.stages.pack`), so
+        that the next ones are drawn under them."""
+        if self.coming is None:
+            return False
+        return any(
+            not changes or changes[-1][1] != checked(self.coming, mix.names) for changes, mix in self._lanes.values()
+        )
 
     def attach(self, lane: int, lanes: int, names: list[str], mix: MixIterator) -> list[Change]:
         """The changes of lane ``lane`` (of ``lanes``), read from the saved state and checked;
@@ -127,6 +139,34 @@ class Live:
             out.append([[draw, dict(w)] for draw, w in changes[first:]])
         return out
 
+    def streams(self, position: dict) -> tuple[dict, dict, dict, dict, dict] | None:
+        """What the top mixture of every lane has drawn, for a batch's mark (:mod:`tidal.metrics`):
+        per stream the records and tokens drawn so far and those drawn up to ``position`` (the
+        reader's, which a packing stage holds where its buffer began), and the weights the
+        records at ``position`` are drawn with (the lanes' mean). None without a mixture."""
+        if not self._lanes:
+            return None
+        draws = _draws(position)
+        records: dict[str, int] = {}
+        tokens: dict[str, int] = {}
+        records_at: dict[str, int] = {}
+        tokens_at: dict[str, int] = {}
+        weights: dict[str, float] = {}
+        for lane, (_, mix) in self._lanes.items():
+            at = draws[lane] if lane < len(draws) else mix.draws
+            then = mix.counts_at(at)
+            for into, counts in (
+                (records, mix.drawn),
+                (tokens, mix.tokens),
+                (records_at, then[0]),
+                (tokens_at, then[1]),
+            ):
+                for name, n in counts.items():
+                    into[name] = into.get(name, 0) + n
+            for name, w in mix.drawn_with(at).items():
+                weights[name] = weights.get(name, 0.0) + w / len(self._lanes)
+        return records, tokens, weights, records_at, tokens_at
+
 
 def _draws(position: Any) -> list[int]:
     """Per lane, the draws of the top mixture in a reader position (a buffering stage's
@@ -146,19 +186,3 @@ def for_stage(stage: Stage, weights: Any) -> dict[str, float]:
     if names is None:
         raise ArgumentError("set_weights(): this dataset has no mixture; build it with tidal.mix(...)")
     return checked(weights, names)
-
-
-def agree(every: list[Any]) -> None:
-    """That every rank set the same weights after as many batches (``every``: per rank ``[batches, weights]``)."""
-    steps = {r: e[0] for r, e in enumerate(every)}
-    if len(set(steps.values())) > 1:
-        raise ArgumentError(
-            f"set_weights() was called after different numbers of batches on different ranks ({steps}): "
-            "call it on every rank at the same step"
-        )
-    if any(e[1] != every[0][1] for e in every):
-        shown = {r: e[1] for r, e in enumerate(every)}
-        raise ArgumentError(
-            f"set_weights() was called with different weights on different ranks ({shown}): compute them "
-            "from values every rank shares (all-reduce the per-domain losses first)"
-        )

@@ -18,8 +18,9 @@ words, each with one meaning:
 - **rank state**: per worker, its reader state after the last batch the training loop
   consumed, and which worker is next.
 - **loader state**: every rank's state, the topology, and per source the ``progress`` (the
-  used-up positions of the epochs in progress), from which another topology restores, and the
-  mixture ``weights`` in force where ``set_weights`` set them;
+  used-up positions of the epochs in progress), from which another topology restores, the
+  mixture ``weights`` in force where ``set_weights`` set them, and its calls since the state
+  before (``weight_calls``, :mod:`tidal.state.calls`);
   ``DataLoader.state_dict()``, and ``tidal.jax.Loader.state_dict()`` (its ranks are JAX
   processes, its workers the loader's readers).
 

@@ -78,7 +78,15 @@ def show(state: dict) -> str:
         lines.append(f"consumed: {batches} batches over all ranks" + (f", {tokens} tokens" if tokens else ""))
     for key, prog in (state.get(k.PROGRESS) or {}).items():
         if key.endswith(k.MIX):
-            lines.append(f"mixture {key[: -len(k.MIX)] or ''}: {prog[k.DRAWS]} records drawn over all readers")
+            name = key[: -len(k.MIX)].rstrip("/")
+            line = f"mixture{' ' + name if name else ''}: {prog[k.DRAWS]} records drawn over all readers"
+            if not name and _packed(state):  # a position holds a mixture's draws where the packing buffer began
+                read = sum(w[k.COUNTS][k.RECORDS] for r in state[k.RANKS] if r for w in r[k.WORKERS] if w)
+                line += (
+                    " before the documents in their packing buffers, which a restore draws again "
+                    f"({read} records read from the streams in all)"
+                )
+            lines.append(line)
             continue
         total = state[k.SOURCES][key][k.RECORDS]
         epoch, done = int(prog[k.EPOCH]), records_done(prog)
@@ -103,6 +111,19 @@ def show(state: dict) -> str:
     if state.get(k.SKIPPED_BATCHES):
         lines.append(f"skipped by `tidal state skip`: {state[k.SKIPPED_BATCHES]} batches per rank")
     return "\n".join(lines)
+
+
+def _packed(state: dict) -> bool:
+    """Whether a reader's position holds its top mixture under a packing stage's buffer."""
+    for r in state[k.RANKS]:
+        for w in (r or {}).get(k.WORKERS, []):
+            position = w[k.POSITION] if w else None
+            while isinstance(position, dict) and k.STREAMS not in position:
+                if k.UPSTREAM in position:
+                    return True
+                rows = position.get(k.ROWS)
+                position = rows[0] if isinstance(rows, list) and rows else None
+    return False
 
 
 def skip(state: dict, batches: int, *, approximate: bool = False) -> dict:

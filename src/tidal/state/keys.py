@@ -20,6 +20,9 @@ RECORDS_PER_BATCH: Final = "records_per_batch"  # source records in every batch,
 MIX_DRAWS: Final = "mix_draws"  # records drawn by a mixture over all readers, kept by `skip`
 SKIPPED_BATCHES: Final = "skipped_batches"  # batches skipped by `tidal state skip`
 WEIGHTS: Final = "weights"  # mixture weights set by loader.set_weights, in force; in a reader state, its changes
+WEIGHT_CALLS: Final = "weight_calls"  # set_weights calls since the state before: {TOTAL, CALLS} (tidal.state.calls)
+TOTAL: Final = "total"  # calls over the whole run
+CALLS: Final = "calls"  # the last of them since the state before: [[pass, batches, {stream: weight}], ...]
 
 # -- a rank state ----------------------------------------------------------------------------
 NEXT_WORKER: Final = "next_worker"  # the worker whose batch comes next

@@ -14,17 +14,20 @@ each hands the ledger, batch by batch, its worker's reader state after the batch
   before then;
 - the **undo** records of the last :data:`UNDO` batches, so a state can leave out batches the
   loader yielded but the training loop has not trained on (Lightning fetches ahead);
-- the mixture **weights** set by ``loader.set_weights`` (None: the mixture's own), and how many
-  times they were set (``changes``: a loader whose readers read under older ones restarts them).
+- the mixture **weights** set by ``loader.set_weights`` (None: the mixture's own), how many
+  times they were set (``changes``: a loader whose readers read under older ones restarts them),
+  and the **calls** that set them (:mod:`tidal.state.calls`): ``snapshot`` checks that every
+  rank made the same ones, and the state keeps them for a replay.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tidal.errors import ArgumentError, StateError
+from tidal.state import calls as weight_calls
 from tidal.state import keys as k
 from tidal.state import schema
 from tidal.state.schema import RankState, ReaderState
@@ -36,8 +39,8 @@ if TYPE_CHECKING:
 
 UNDO = 64  # batches a state can step back over (see Ledger.snapshot)
 
-Gather = Callable[[RankState], list[RankState | None]]
-"""Every rank's rank state, in rank order, given this rank's (a collective: every rank calls it)."""
+Gather = Callable[[Any], list[Any]]
+"""Every rank's value, in rank order, given this rank's (a collective: every rank calls it)."""
 
 
 class Undo(NamedTuple):
@@ -65,12 +68,20 @@ class Ledger:
         self._undo: deque[Undo] = deque(maxlen=UNDO)
         self.weights: dict[str, float] | None = None  # set by set_weights: in force from the next batch
         self.changes = 0  # how many times they were set
+        self.calls = weight_calls.Calls()  # and where (tidal.state.calls)
+        self._loaded_calls: list = []  # those a loaded state holds
 
     def set_weights(self, weights: dict[str, float]) -> None:
-        """Mixture weights from the next batch on (in a state loaded and not applied yet, too)."""
+        """Mixture weights from the next batch on (in a state loaded and not applied yet, too),
+        recorded with the batches consumed so far. No collective: see :mod:`tidal.state.calls`."""
         if self.pending is not None:
-            self.pending = {**self.pending, k.WEIGHTS: weights}
+            ranks = self._ranks()
+            restored = schema.restore(View(self.pending), ranks.rank, ranks.world_size, self.workers)
+            self.calls.add(restored.pass_, restored.rank[k.COUNTS][k.BATCHES], weights)
+            saved = self.calls.saved(self._loaded_calls)  # the state's own calls, then these
+            self.pending = {**self.pending, k.WEIGHTS: weights, k.WEIGHT_CALLS: saved}
         else:
+            self.calls.add(self.pass_, self.local[k.COUNTS][k.BATCHES], weights)
             self.weights = weights
         self.changes += 1
 
@@ -104,6 +115,8 @@ class Ledger:
         self._check_weights(view)
         self._check_positions(view)
         self.pending = state
+        self.calls = weight_calls.Calls(state.get(k.WEIGHT_CALLS))  # the run's count goes on from the state's
+        self._loaded_calls = list((state.get(k.WEIGHT_CALLS) or {}).get(k.CALLS, []))
 
     def _check_weights(self, view: View) -> None:
         """That the weights a state sets are those of this dataset's mixture."""
@@ -170,17 +183,28 @@ class Ledger:
     def snapshot(self, gather: Gather | None = None, rewind: int = 0) -> dict:
         """The loader state (the pending one, if it has not been applied yet): this rank's
         state less its last ``rewind`` records (batches not trained on), and with several
-        ranks and a ``gather``, every rank's; else this rank's alone, the others None."""
+        ranks and a ``gather``, every rank's; else this rank's alone, the others None.
+
+        Gathered, the ranks' states must have been taken at the same step (a
+        :class:`~tidal.StateError`) and the ranks must have made the same ``set_weights`` calls
+        since the last snapshot (an :class:`~tidal.ArgumentError` naming them, on every rank)."""
         if self.pending is not None:
             return self.pending
         ranks = self._ranks()
         local = self.rewound(rewind)
         every: list[RankState | None] = [None] * ranks.world_size
         if ranks.world_size > 1 and gather is not None:
-            every = gather(local)
+            gathered = gather([local, self.calls.mine(self.weights)])
+            every = [g[0] for g in gathered]
+            schema.check_same_step(every)
+            try:
+                weight_calls.agree([g[1] for g in gathered])
+            except ArgumentError:
+                self.calls.taken()  # said once; weights in force that differ are said again
+                raise
         else:
             every[ranks.rank] = local
-        return schema.make(
+        state = schema.make(
             self.dataset.fingerprint(),
             self.sources(),
             self.pass_,
@@ -190,4 +214,7 @@ class Ledger:
             self.origin,
             self.dataset.records_per_batch(),
             self.weights,
+            self.calls.saved(),
         )
+        self.calls.taken()
+        return state

@@ -9,7 +9,9 @@
      "sources": {source key: {"records": per epoch, "finite": bool, "epochs": per pass | None}},
      "progress": {source key: {"epoch": e, "done": {epoch: [[start, stop], ...]}},
                   mixture key "…@mix": {"draws": over all readers}} | None,
-     "weights": {stream: weight}, the mixture weights in force, where set_weights set them}
+     "weights": {stream: weight}, the mixture weights in force, where set_weights set them,
+     "weight_calls": {"total": n, "calls": [[pass, batches, {stream: weight}], ...]}, the
+                     set_weights calls since the state before, where there were any (tidal.state.calls)}
 
 On the same topology each rank continues from its own rank state, batch for batch; on
 another, from ``progress`` (see :mod:`tidal.state.elastic`). Everything is checked before
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from tidal.errors import StateError
+from tidal.state import calls
 from tidal.state import keys as k
 from tidal.state.elastic import check_progress, progress
 from tidal.state.view import View
@@ -105,9 +108,10 @@ def make(
     origin: dict | None,
     records_per_batch: int | None = None,
     weights: dict[str, float] | None = None,
+    weight_calls: dict | None = None,
 ) -> dict:
     """A loader state; ``progress`` when every rank is known (see :func:`tidal.state.merge`);
-    ``weights``: the mixture weights ``set_weights`` set, if any."""
+    ``weights``: the mixture weights ``set_weights`` set, if any; ``weight_calls``: its calls."""
     state: dict[str, Any] = {
         k.STATE_VERSION: k.VERSION,
         k.DATASET: fingerprint,
@@ -122,6 +126,8 @@ def make(
     state[k.PROGRESS] = None if any(r is None for r in ranks) else progress_of(state)
     if weights is not None:
         state[k.WEIGHTS] = weights
+    if weight_calls is not None:
+        state[k.WEIGHT_CALLS] = weight_calls
     return state
 
 
@@ -229,6 +235,9 @@ def check_layout(state: Any, where: str = "state") -> View:
     weights = view.optional(k.WEIGHTS)
     if weights is not None:
         check_weights(weights)
+    weight_calls = view.optional(k.WEIGHT_CALLS)
+    if weight_calls is not None:
+        calls.check(weight_calls, check_weights)
     return view
 
 
@@ -262,6 +271,7 @@ _STATE_KEYS = (
     k.MIX_DRAWS,
     k.SKIPPED_BATCHES,
     k.WEIGHTS,
+    k.WEIGHT_CALLS,
 )
 _READER_KEYS = (k.DATASET, k.READER, k.POSITION, k.WITHIN, k.USED, k.COUNTS, k.ORIGIN, k.WEIGHTS)
 

@@ -126,11 +126,11 @@ def test_the_callback_finds_the_trainers_tidal_loader_when_given_none(docs: Path
 # -- Lightning -----------------------------------------------------------------------------------------------
 
 
-def test_lightning_logs_the_loaders_metrics_to_its_loggers(docs: Path, tmp_path: Path) -> None:
+def fit_with_lightning(loader: tidal.DataLoader, callback: Any, steps: int) -> tuple[list[tuple[int, dict]], list[int]]:
+    """Fit a tiny model on ``loader`` for ``steps`` steps, logging every 2: the rows its logger got
+    (step, metrics), and the tokens of every batch it trained on."""
     import lightning as L
     from lightning.pytorch.loggers import Logger
-
-    from tidal.integrations.lightning import MetricsCallback
 
     class Recorder(Logger):
         def __init__(self) -> None:
@@ -166,15 +166,22 @@ def test_lightning_logs_the_loaders_metrics_to_its_loggers(docs: Path, tmp_path:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    loader = tidal.DataLoader(packed(docs).batch(4), num_workers=2)
     recorder = Recorder()
     model = Model()
     trainer = L.Trainer(
-        max_steps=8, accelerator="cpu", logger=recorder, log_every_n_steps=2, callbacks=[MetricsCallback()],
+        max_steps=steps, accelerator="cpu", logger=recorder, log_every_n_steps=2, callbacks=[callback],
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
     )  # fmt: skip
     trainer.fit(model, loader)
-    logged = [(step, row) for step, row in recorder.rows if "data/batches" in row]
+    return recorder.rows, model.tokens
+
+
+def test_lightning_logs_the_loaders_metrics_to_its_loggers(docs: Path, tmp_path: Path) -> None:
+    from tidal.integrations.lightning import MetricsCallback
+
+    loader = tidal.DataLoader(packed(docs).batch(4), num_workers=2)
+    rows, tokens = fit_with_lightning(loader, MetricsCallback(), steps=8)
+    logged = [(step, row) for step, row in rows if "data/batches" in row]
     assert len(logged) >= 3
     for step, row in logged:
         trained = step + 1  # Lightning's step of the row: batches trained on, less one
@@ -182,7 +189,38 @@ def test_lightning_logs_the_loaders_metrics_to_its_loggers(docs: Path, tmp_path:
         assert row["data/records"] == 4 * row["data/batches"]
         assert row["data/tokens"] == 4 * 32 * row["data/batches"]
         assert 0 <= row["data/data_wait_share"] <= 1 and "loss" in row
-    assert loader.metrics()["tokens"] >= sum(model.tokens) == 8 * 4 * 32
+    assert loader.metrics()["tokens"] >= sum(tokens) == 8 * 4 * 32
+
+
+class Large:
+    """A loader as the integrations see one, whose counts need more than float32's 24 bits."""
+
+    def metrics(self) -> dict[str, float | int]:
+        return {"tokens": 123_456_789, "records": 2**40 + 1, "tokens/web": 2**52 + 3, "weight/web": 0.3}
+
+
+def test_counts_are_logged_exactly_by_every_integration(docs: Path) -> None:
+    import transformers
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from tidal.integrations import hf, lightning, prometheus
+
+    rows, _ = fit_with_lightning(tidal.DataLoader(packed(docs).batch(4)), lightning.MetricsCallback(Large()), steps=2)
+    ((_, row),) = [(step, row) for step, row in rows if "data/tokens" in row]
+    assert (row["data/tokens"], row["data/records"], row["data/tokens/web"]) == (123_456_789, 2**40 + 1, 2**52 + 3)
+    logs: dict = {"loss": 1.0}
+    state = transformers.TrainerState(global_step=3)
+    hf.MetricsCallback(Large()).on_log(None, state, None, logs=logs)
+    assert logs["data/tokens"] == 123_456_789 and type(logs["data/tokens"]) is int
+    registry = CollectorRegistry()
+    registry.register(prometheus.collector(Large(), rank=0))
+    scraped = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            scraped[name] = value
+    assert float(scraped['tidal_tokens_total{rank="0"}']) == 123_456_789
+    assert float(scraped['tidal_stream_tokens_total{rank="0",stream="web"}']) == 2**52 + 3
 
 
 # -- Prometheus ----------------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@ After each training batch whose logs the trainer writes (every ``log_every_n_ste
 ``pl_module.log_dict(..., on_step=True, on_epoch=False)``: beside the loss, in every logger. The loader is the one given, or else
 the tidal loader among the trainer's training loaders. Lightning fetches one batch ahead of the
 step it trains (to know the last one), so ``data/batches`` runs one ahead of ``global_step``.
+
+Lightning logs only floating values, as float32 unless given float64: a count of 123,456,789
+tokens would be logged as 123456792. The metrics are given as float64 tensors, so every count
+below 2**53 is logged exactly (as a float: ``123456789.0``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from tidal.errors import missing
 
 try:
+    import torch
     from lightning.pytorch import Callback
 except ImportError as exc:
     raise missing("lightning", "tidal.integrations.lightning", exc, package="lightning") from None
@@ -41,5 +46,5 @@ class MetricsCallback(Callback):
         loader = self.loader if self.loader is not None else find_loader(trainer.train_dataloader)
         if loader is None:
             return
-        metrics = prefixed(loader.metrics(), self.prefix)
+        metrics = {k: torch.tensor(v, dtype=torch.float64) for k, v in prefixed(loader.metrics(), self.prefix).items()}
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, logger=True, prog_bar=False, batch_size=1)

@@ -204,6 +204,14 @@ def share(total: int, done: Intervals, consumers: int, consumer: int, *, drop_re
     return cut_intervals(left, lo, hi)
 
 
+def remainder(total: int, done: Intervals, consumers: int) -> Intervals:
+    """The positions of an epoch that no reader's :func:`share` takes with ``drop_remainder``:
+    the last ``left % consumers`` of those not ``done``, fewer than the readers."""
+    left = complement(done, total)
+    n = sum(b - a for a, b in left)
+    return cut_intervals(left, n - n % consumers, n)
+
+
 def complement(done: Intervals, total: int) -> Intervals:
     out, at = [], 0
     for a, b in union(done):

@@ -5,7 +5,8 @@ block is read whole (every reader of it reads it, and yields its share), from th
 readers (:class:`~tidal.stages.readers.OpenReaders`), side by side in threads where decoding
 releases the GIL, the next block read ahead, remote shards fetched ahead by the prefetcher.
 Bad data meets the ``errors`` policy here; a bad record is raised or counted by the reader
-whose share holds it (:class:`Owned`).
+whose share holds it, or, in the remainder of a finite epoch that no reader yields, by the
+last reader, which reads it (:class:`Owned`).
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ class Block:
 
 
 class Owned:
-    """Which rows of a block's files fall in this reader's share of the epoch: every reader
-    reads the whole block and yields its share of it, so a bad record is raised or counted
-    by the reader that would have yielded it, once in the job (worked out only for bad rows)."""
+    """Which rows of a block's files fall in what this reader reads of the epoch (its share, and
+    the remainder where it reads that): every reader reads the whole block and yields its share
+    of it, so a bad record is raised or counted by the reader that would have yielded it, once
+    in the job (worked out only for bad rows)."""
 
     def __init__(
         self,
@@ -82,7 +84,7 @@ class Owned:
     ):
         self._base = int(order.starts[b])
         self._n = int(order.starts[b + 1]) - self._base
-        intervals, _ = reader._share(order.epoch)
+        intervals = reader._reads(order.epoch)
         self._intervals = [
             (a - self._base, z - self._base) for a, z in intervals if a < self._base + self._n and z > self._base
         ]
@@ -118,9 +120,9 @@ class Owned:
 
 
 class BlockReader:
-    """Reads the blocks of one reader's epochs. ``share(epoch)``: the reader's share of it
-    (intervals of positions and their cumulative ends), which decides what it reads ahead and
-    which bad records are its own."""
+    """Reads the blocks of one reader's epochs. ``reads(epoch)``: the positions the reader reads
+    of it (its share, and the remainder where it reads that), which decide what it reads ahead
+    and fetches, and which bad records are its own."""
 
     MAX_OPEN = 64  # idle readers kept open; those in use are never closed (see OpenReaders)
 
@@ -129,10 +131,10 @@ class BlockReader:
         plan: ReadPlan,
         world: World,
         policy: Policy,
-        share: Callable[[int], tuple[Intervals, np.ndarray]],
+        reads: Callable[[int], Intervals],
         next_order: Callable[[int], EpochOrder | None],
     ):
-        self._plan, self._world, self._policy, self._share = plan, world, policy, share
+        self._plan, self._world, self._policy, self._reads = plan, world, policy, reads
         self._next_order = next_order  # the order of the epoch after one, None after the last
         self._readers = OpenReaders(self._open_reader, self._reader_closed, self.MAX_OPEN)
         self._block_index = -1
@@ -313,14 +315,13 @@ class BlockReader:
         of ``order``'s epoch; past the end of its share, the first block of its next epoch's share
         (None at the end of a finite pass). A small dataset under ``repeat()`` starts an epoch
         every few blocks: without this, each reader waited for the first block of every one."""
-        intervals, _ = self._share(order.epoch)
-        for a, z in intervals:
+        for a, z in self._reads(order.epoch):
             if z > position:
                 return order, order.block_at(max(a, position))
         following = self._next_order(order.epoch)
         if following is None:
             return None
-        intervals, _ = self._share(following.epoch)
+        intervals = self._reads(following.epoch)
         return (following, following.block_at(intervals[0][0])) if intervals else None
 
     def _read(
@@ -431,7 +432,7 @@ class BlockReader:
         """``(block, remote shards open while it is read)`` for each block this reader reads this
         epoch, in order: what :meth:`_load` keeps open (this block's shards, and those of the
         next block that are open already), for the prefetcher to check the cache can hold it."""
-        intervals, _ = self._share(order.epoch)
+        intervals = self._reads(order.epoch)
         held = {i for i in self._readers.indices() if remote.is_remote(i)}
         last, after = -1, set[int]()
         for a, z in intervals:
@@ -446,7 +447,7 @@ class BlockReader:
 
     def _upcoming(self, order: EpochOrder, b: int) -> Iterator[int]:
         """The shards of the blocks this reader reads after block ``b`` this epoch, in order, lazily."""
-        intervals, _ = self._share(order.epoch)
+        intervals = self._reads(order.epoch)
         after = int(order.starts[b + 1])
         budget = LOOKAHEAD_BLOCKS
         for a, z in intervals:

@@ -7,11 +7,15 @@ Bad data meets the ``errors`` policy (see :class:`tidal.stages.policy.Policy`). 
 bad record, row group or segment to it and mark what they skipped; what a reader lets
 escape (a file that cannot be opened, or read to the rows asked for) is named by file and
 handed to the policy too, and under ``"skip"`` the slice read is skipped: counted, never
-silently short. Two things are errors under every policy, since skipping cannot fix them and
-would spin: a block in which no record has a column asked for (``columns=`` on JSON lines or
-WebDataset, which have no schema to check first: a record without it has None there, but a
-column no record of a block has is taken for a typo), and, under ``repeat()``, an epoch of a
-reader's share in which every record was skipped (in a finite pass: a warning).
+silently short. The remainder of a finite epoch (the last positions, fewer than the readers,
+that no reader yields: see :func:`tidal.order.consumer_range`) is read by the job's last
+reader after its share, its records dropped, so that a bad record there is raised or counted
+once, as anywhere else in the data. Two things are errors under every policy, since skipping
+cannot fix them and would spin: a block in which no record has a column asked for
+(``columns=`` on JSON lines or WebDataset, which have no schema to check first: a record
+without it has None there, but a column no record of a block has is taken for a typo), and,
+under ``repeat()``, an epoch of a reader's share in which every record was skipped (in a
+finite pass: a warning).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
-from tidal.order import EpochOrder, Intervals, share
+from tidal.order import EpochOrder, Intervals, remainder, share
 from tidal.stages import Context, Declared, Locator, Origin, Stage, StageIterator, Unlocated
 from tidal.stages.blocks import Block, BlockReader
 from tidal.stages.plan import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, ReadPlan
@@ -226,9 +230,12 @@ class ReadIterator(StageIterator):
         # files the index could not read: counted by one reader, so counts add up over readers
         self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
-        self._shares: dict[int, tuple[Intervals, np.ndarray]] = {}
+        # per epoch: this reader's share, where each of its intervals ends in offsets, and the
+        # remainder it reads without yielding (see _read_remainder)
+        self._shares: dict[int, tuple[Intervals, np.ndarray, Intervals]] = {}
+        self._remainder_read = -1  # the last epoch whose remainder this reader read
         self._run: _Run | None = None  # where the offsets being read are: found once, not twice a batch
-        self._blocks = BlockReader(plan, world, self._policy, self._share, self._order_after)
+        self._blocks = BlockReader(plan, world, self._policy, self._reads, self._order_after)
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(plan.shards.paths[:3]) + (", ..." if len(plan.shards) > 3 else "")
@@ -294,19 +301,34 @@ class ReadIterator(StageIterator):
         return {self.key: [self._epoch, self._offset]}
 
     def _share(self, epoch: int) -> tuple[Intervals, np.ndarray]:
+        intervals, ends, _ = self._epoch_share(epoch)
+        return intervals, ends
+
+    def _reads(self, epoch: int) -> Intervals:
+        """The positions of ``epoch`` this reader reads: its share, then the remainder where it
+        reads it; the blocks it loads, and the bad records that are its own."""
+        intervals, _, rest = self._epoch_share(epoch)
+        return intervals + rest
+
+    def _epoch_share(self, epoch: int) -> tuple[Intervals, np.ndarray, Intervals]:
         if epoch not in self._shares:
             done = self._origin[k.DONE].get(str(epoch), [])
             w, plan = self._world, self._plan
-            intervals = share(plan.total, done, w.consumers, w.consumer, drop_remainder=plan.epochs is not None)
+            finite = plan.epochs is not None
+            intervals = share(plan.total, done, w.consumers, w.consumer, drop_remainder=finite)
             ends = np.cumsum([0] + [b - a for a, b in intervals])
+            # the remainder no reader yields: read by the last one (its share is just before it)
+            rest = remainder(plan.total, done, w.consumers) if finite and w.consumer == w.consumers - 1 else []
             # only the current epoch is ever needed, and the next one's start to read ahead
-            self._shares = {e: v for e, v in self._shares.items() if e == epoch - 1} | {epoch: (intervals, ends)}
+            kept = {e: v for e, v in self._shares.items() if e == epoch - 1}
+            self._shares = kept | {epoch: (intervals, ends, rest)}
         return self._shares[epoch]
 
     def next(self, max_items: int) -> Table:
         while True:
             intervals, ends = self._share(self._epoch)
             if self._offset >= ends[-1]:
+                self._read_remainder()
                 self._check_epoch(int(ends[-1]))
                 if self._plan.epochs is not None and self._epoch + 1 >= self._first + self._plan.epochs:
                     raise StopIteration
@@ -332,17 +354,37 @@ class ReadIterator(StageIterator):
             self._offset += run.base + nxt - pos
             self.passed += run.base + nxt - pos
             if last > first:
-                self._kept += last - first
                 table: Table
                 kept: list[int] | None = None
                 if isinstance(block.table, Unparsed):
                     table, kept = self._parsed(block, first, last)
+                    self._kept += len(table)
                     if not table:
                         continue
                 else:
+                    self._kept += last - first
                     table = cut(block.table, first, last)
                 self._last = (block, first, kept)
                 return table
+
+    def _read_remainder(self) -> None:
+        """The remainder of the epoch, where this reader reads it (:meth:`_epoch_share`), read
+        once its share is: its records are dropped, its bad ones handed to the policy (a block
+        read whole met it as it was loaded: the remainder is among this reader's own records)."""
+        if self._remainder_read == self._epoch:
+            return
+        self._remainder_read = self._epoch
+        for a, z in self._epoch_share(self._epoch)[2]:
+            while a < z:
+                order = self._epoch_order()
+                b = order.block_at(a)
+                base, stop = int(order.starts[b]), min(z, int(order.starts[b + 1]))
+                block = self._blocks.load(order, b)
+                if isinstance(block.table, Unparsed):
+                    first, last, _ = block.span(a - base, stop - base, stop - a)
+                    if last > first:
+                        self._parsed(block, first, last)
+                a = stop
 
     def _parsed(self, block: Block, first: int, last: int) -> tuple[list, list[int] | None]:
         """The records of a block's lines held unparsed (:mod:`tidal.formats.jsonl`) ``first``
@@ -364,7 +406,6 @@ class ReadIterator(StageIterator):
                 self._blocks.close_file(shard)  # as a read that fails closes its file (OpenReaders.using)
                 raise
             self._blocks.skipped += 1
-            self._kept -= 1
         dropped = {i for i, _ in bad}
         return records, [i for i in range(last - first) if i not in dropped]
 

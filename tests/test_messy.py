@@ -86,16 +86,39 @@ def test_a_mixture_names_the_file_of_the_stream_the_record_came_from(tmp_path: P
     assert ids.count(1005) <= 1 and it.stats()["skipped"] == 1  # the clean stream's 1005, not the null one
 
 
-def test_a_column_no_record_has_is_a_schema_error_not_a_stream_of_skips(tmp_path: Path) -> None:
+@pytest.mark.parametrize("errors", ["raise", "skip", "function"])
+def test_a_column_no_record_has_is_a_schema_error_not_a_stream_of_skips(tmp_path: Path, errors: str) -> None:
     root = corpus(tmp_path / "c", {}, files=4)
-    # under "raise" the first record says it, with the fields it has; under "skip" the first 64 records
-    with pytest.raises(tidal.RecordError, match=r"row 0: tokenize: .*found no such field \(fields: id, lang, text\)"):
-        list(tidal.Dataset(root).tokenize(word_tokenizer(), column="body", eos=EOS))
-    with pytest.raises(tidal.SchemaError, match=r"none of the first \d+ records has a column 'body'"):
-        list(tidal.Dataset(root, errors="skip").tokenize(word_tokenizer(), column="body", eos=EOS))
+    policy = functools.partial(collect, []) if errors == "function" else errors
+    # the first 64 records, whatever the policy: under "raise" the records after the first are read before it raises
+    with pytest.raises(tidal.SchemaError, match=r"none of the first \d+ records has a column 'body' \(they have \['id', "):
+        list(tidal.Dataset(root, errors=policy).tokenize(word_tokenizer(), column="body", eos=EOS))
     with pytest.raises(tidal.SchemaError, match=r"none of the first \d+ records has a column 'ids'.*tokenize"):
-        list(tidal.Dataset(root, errors="skip").pack(8, column="ids"))
+        list(tidal.Dataset(root, errors=policy).pack(8, column="ids"))
+    # fewer records than that: all of them, at the end of the stream (of each reader's share, in a loader)
+    small = corpus(tmp_path / "small", {}, files=1, rows=5)
+    for ds in (
+        tidal.Dataset(small, errors=policy).tokenize(word_tokenizer(), column="body", eos=EOS),
+        tidal.Dataset(small, errors=policy).pack(8, column="ids"),
+        tidal.Dataset(small, errors=policy).pack(8, column="ids", strategy="best_fit"),
+    ):
+        with pytest.raises(tidal.SchemaError, match=r"none of the 5 records it was given has a column '(body|ids)'"):
+            list(ds)
+    ds = tidal.Dataset(small, errors=policy).tokenize(word_tokenizer(), column="body", eos=EOS).batch(2)
+    with pytest.raises(tidal.SchemaError, match=r"none of the 2 records it was given has a column 'body'"):
+        list(tidal.DataLoader(ds, num_workers=2))
+
+
+def test_a_column_only_later_records_have_is_their_bad_records(tmp_path: Path) -> None:
+    """Under "raise" the records after a bad one are only looked at: a column a later record has
+    leaves the first record's own error, and a record of the next block is no typo either."""
+    root = corpus(tmp_path / "c", {(0, r): {"id": r} for r in range(19)}, files=2)
+    with pytest.raises(tidal.RecordError, match=r"part-0.jsonl, row 0: tokenize: .*found no such field \(fields: id\)"):
+        list(tidal.Dataset(root).tokenize(word_tokenizer(), eos=EOS))
+    it = iter(tidal.Dataset(root, errors="skip").tokenize(word_tokenizer(), eos=EOS))
+    assert len(list(it)) == 21 and it.stats()["skipped"] == 19
     # a few records without the column (an optional field is not a typo): records the policy takes
+    root = corpus(tmp_path / "lang", {}, files=4)
     with pytest.raises(tidal.RecordError, match=r"part-0.jsonl, row 1: tokenize: column 'lang' must hold a string"):
         list(tidal.Dataset(root).tokenize(word_tokenizer(), column="lang", eos=EOS))
     it = iter(tidal.Dataset(root, errors="skip").tokenize(word_tokenizer(), column="lang", eos=EOS))

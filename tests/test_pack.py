@@ -146,7 +146,7 @@ def test_tokenize_accepts_a_path_and_finds_eos(tmp_path: Path) -> None:
     assert next(iter(ds.tokenize(tok)))["input_ids"].tolist() == [5, 6, 7, EOS]  # "<eos>" is a known name
     with pytest.raises(tidal.TidalError, match="end-of-document token"):
         ds.tokenize(Tokenizer(models.WordLevel({str(i): i for i in range(10)}, unk_token="0")))
-    with pytest.raises(tidal.TidalError, match="column 'body' must hold a string, found no such field"):
+    with pytest.raises(tidal.SchemaError, match="none of the 1 records it was given has a column 'body'"):
         list(ds.tokenize(tok, column="body", eos=False))
     with pytest.raises(tidal.TidalError, match="tokenize\\(\\) text first"):  # text is not token ids
         next(iter(ds.pack(4)))

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from tidal.errors import ConfigError, RecordError, SchemaError, Untraceable
 from tidal.state.view import View
-from tidal.tables import Table
+from tidal.tables import Table, records
 from tidal.world import World
 
 if TYPE_CHECKING:
@@ -100,9 +100,12 @@ class StageIterator(ABC):
 
 class Needed:
     """A column a stage needs in every record (the text tokenize encodes, the ids pack packs). A
-    record without it is bad data, for the ``errors`` policy; a column that none of the first
-    :attr:`RUN` records has is a mistake in the pipeline (a typo, a step missing before): a
-    :class:`~tidal.SchemaError` under every policy, never a stream of skipped records."""
+    record without it is bad data, for the ``errors`` policy; a column that no record has is a
+    mistake in the pipeline (a typo, a step missing before): a :class:`~tidal.SchemaError`
+    under every policy and at any size, never a stream of skipped records. No record: none of
+    the first :attr:`RUN`, or none at all where the stream ends sooner; under ``errors="raise"``,
+    where the first record without it ends the stream, the records after it are looked at first
+    (:meth:`reject`) to tell the one from the other."""
 
     RUN = 64
 
@@ -110,21 +113,57 @@ class Needed:
         self.column, self._what, self._advice = column, what, advice
         self.seen = False  # whether a record had it yet
         self._lacking = 0  # records before the first that had it
+        self._found = ""  # the fields of the first record without it
 
     def check(self, recs: list[Any]) -> None:
         """Called with a table where some record lacks the column (or does not hold what it should)."""
-        if self.seen:
+        if self.seen or self._has(recs):
             return
-        if any(isinstance(r, dict) and self.column in r for r in recs):
-            self.seen = True
-            return
+        if not self._lacking and recs:
+            self._found = str(sorted(recs[0])) if isinstance(recs[0], dict) else type(recs[0]).__name__
         self._lacking += len(recs)
         if self._lacking >= self.RUN:
-            found = sorted(recs[0]) if isinstance(recs[0], dict) else type(recs[0]).__name__
-            raise SchemaError(
-                f"{self._what}: none of the first {self._lacking} records has a column {self.column!r} "
-                f"(they have {found}): {self._advice}"
-            )
+            raise self._typo(ended=False)
+
+    def ended(self) -> None:
+        """The stream ended: if none of its records had the column, the same mistake."""
+        if not self.seen and self._lacking:
+            raise self._typo(ended=True)
+
+    def reject(self, locator: Locator, i: int, why: str, upstream: StageIterator, size: int) -> None:
+        """Hand record ``i`` to the policy (``locator.reject``). Where that raises before any record
+        had the column, the next records are read first, up to :attr:`RUN` (the error ends the
+        stream anyway, so nothing read ahead is lost): if none has it either, the error is the
+        pipeline's, a SchemaError, not this record's."""
+        try:
+            locator.reject(i, why)
+        except RecordError as exc:
+            if not self.seen:
+                self._read_on(upstream, size, exc)
+            raise
+
+    def _read_on(self, upstream: StageIterator, size: int, error: RecordError) -> None:
+        while self._lacking < self.RUN:
+            try:
+                recs = records(upstream.next(size))
+            except StopIteration:
+                raise self._typo(ended=True) from error
+            except Exception:  # another error on the way: the first one stands
+                return
+            if self._has(recs):
+                return
+            self._lacking += len(recs)
+        raise self._typo(ended=False) from error
+
+    def _has(self, recs: list[Any]) -> bool:
+        self.seen = any(isinstance(r, dict) and self.column in r for r in recs)
+        return self.seen
+
+    def _typo(self, ended: bool) -> SchemaError:
+        which = f"the {self._lacking} records it was given" if ended else f"the first {self._lacking} records"
+        return SchemaError(
+            f"{self._what}: none of {which} has a column {self.column!r} (they have {self._found}): {self._advice}"
+        )
 
 
 class Origin(NamedTuple):

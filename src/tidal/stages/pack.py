@@ -178,7 +178,8 @@ def _doc_tokens(
                 found = f"no such field (fields: {fields}; tokenize() text first, or pass pack(column=...))"
             else:
                 found = "null" if d.dtype == object else f"{d.dtype}{d.shape}"
-            locator.reject(i, f"pack(): column {column!r} must hold 1-D integer token ids, found {found}")
+            why = f"pack(): column {column!r} must hold 1-D integer token ids, found {found}"
+            needed.reject(locator, i, why, upstream, cfg.chunk_docs)
     kept: list[int] | range = range(len(docs))
     if bad:
         skip = set(bad)
@@ -333,6 +334,7 @@ class ConcatPackIterator(StageIterator):
             table = self._up.next(docs or self._cfg.chunk_docs)
         except StopIteration:
             self._ended = True
+            self._needed.ended()
             return
         tokens, lengths, origins = _documents(table, self._cfg, self._up, self._needed, self._trace)
         if len(lengths):
@@ -475,6 +477,7 @@ class BestFitPackIterator(StageIterator):
             try:
                 table = self._up.next(cfg.chunk_docs)
             except StopIteration:
+                self._needed.ended()
                 break
             tokens, lengths, where = _documents(table, cfg, self._up, self._needed, self._trace)
             docs += np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []

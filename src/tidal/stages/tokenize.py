@@ -150,11 +150,16 @@ class TokenizeIterator(Stateless):
 
     def next(self, max_items: int) -> Table:
         while True:  # StopIteration from upstream ends this stage too
-            out = self._tokenize(records(self._up.next(max_items)))
+            try:
+                table = self._up.next(max_items)
+            except StopIteration:
+                self._needed.ended()
+                raise
+            out = self._tokenize(records(table), max_items)
             if out:
                 return out
 
-    def _tokenize(self, recs: list[Any]) -> list[Any]:
+    def _tokenize(self, recs: list[Any], size: int) -> list[Any]:
         column = self._column
         self._kept = None
         try:
@@ -168,7 +173,8 @@ class TokenizeIterator(Stateless):
             for i, text in enumerate(texts):  # a record without text is bad data: the errors policy's
                 if not isinstance(text, str):
                     found = type(text).__name__ if has[i] else f"no such field (fields: {_fields(recs[i])})"
-                    locator.reject(i, f"tokenize: column {column!r} must hold a string, found {found}")
+                    why = f"tokenize: column {column!r} must hold a string, found {found}"
+                    self._needed.reject(locator, i, why, self._up, size)
             self._kept = [i for i, t in enumerate(texts) if isinstance(t, str)]
             recs, texts = [recs[i] for i in self._kept], [texts[i] for i in self._kept]
         else:

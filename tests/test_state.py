@@ -182,6 +182,26 @@ def test_merge_names_the_files_that_do_not_fit(
     assert not (tmp_path / "m.json").exists()
 
 
+def test_merge_refuses_ranks_that_set_weights_at_other_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a process group no collective can compare the ranks' set_weights() calls: merging
+    their states is where a disagreement shows."""
+    web = tidal.Dataset(make_shards(tmp_path / "web", [40, 75])).repeat()
+    code = tidal.Dataset(make_shards(tmp_path / "code", [13, 60])).repeat()
+    mixed = tidal.mix({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3}, seed=0).batch(4)
+    states = []
+    for rank, change_at in enumerate((2, 3)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = tidal.DataLoader(mixed, num_workers=0)
+        for step, _ in enumerate(itertools.islice(loader, 5)):
+            if step == change_at:
+                loader.set_weights({"web": 0.5, "code": 0.5})
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    assert states[0]["weights"] == states[1]["weights"]  # the same weights in force, set at other steps
+    with pytest.raises(tidal.StateError, match=r"^b\.json: its 'weight_calls' differ from a\.json's"):
+        tidal.state.merge(states, names=["a.json", "b.json"])
+
+
 def test_every_command_that_takes_a_state_or_config_names_a_missing_one(ds: tidal.Dataset, tmp_path: Path) -> None:
     gone, config = tmp_path / "gone.json", tmp_path / "pipeline.json"
     config.write_text(json.dumps(ds.to_config()))

@@ -42,11 +42,12 @@ def merge(states: list[dict], names: list[str] | None = None) -> dict:
                     f"{names[i]}: its {key!r} differs from {names[0]}'s: states of other datasets, topologies, "
                     "passes or restores cannot be merged"
                 )
-        if view.data.get(k.WEIGHTS) != views[0].data.get(k.WEIGHTS):
-            raise StateError(
-                f"{names[i]}: its {k.WEIGHTS!r} differ from {names[0]}'s: set_weights() set other mixture weights on "
-                "other ranks (call it on every rank at the same step with the same weights)"
-            )
+        for key in (k.WEIGHTS, k.WEIGHT_CALLS):  # the one check of set_weights() ranks without a process group get
+            if view.data.get(key) != views[0].data.get(key):
+                raise StateError(
+                    f"{names[i]}: its {key!r} differ from {names[0]}'s: set_weights() set other mixture weights, or "
+                    "at other steps, on other ranks (call it on every rank at the same step with the same weights)"
+                )
         for rank, entry in enumerate(view.entries(k.RANKS)):
             if entry is None:
                 continue

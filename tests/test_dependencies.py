@@ -44,9 +44,10 @@ ENTRY_POINTS = [
     ("transformers", "import tidal.hf", "pip install 'tidal[hf]'"),
     ("transformers", "tidal.integrations.hf.attach", "pip install 'tidal[hf]'"),
     ("transformers", "from tidal.integrations.hf import MetricsCallback", "pip install 'tidal[hf]'"),
-    ("lightning", "tidal.integrations.lightning.MetricsCallback()", "pip install lightning"),
-    ("jax", "tidal.jax.Loader(ds)", "pip install jax"),
-    ("jax", "import tidal.jax", "pip install jax"),
+    ("lightning", "tidal.integrations.lightning.MetricsCallback()", "pip install 'tidal[lightning]'"),
+    ("torch", "tidal.integrations.lightning.MetricsCallback()", "pip install 'tidal[torch]'"),
+    ("jax", "tidal.jax.Loader(ds)", "pip install 'tidal[jax]'"),
+    ("jax", "import tidal.jax", "pip install 'tidal[jax]'"),
     ("prometheus_client", "tidal.integrations.prometheus.serve", "pip install 'tidal[prometheus]'"),
     ("ray", "tidal.convert.engines.run_ray(None, [1], 1, None, None)", "pip install 'tidal[ray]'"),
 ]

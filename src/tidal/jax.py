@@ -44,7 +44,7 @@ try:
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 except ImportError as exc:
-    raise missing("jax", "tidal.jax", exc, package="jax") from None
+    raise missing("jax", "tidal.jax", exc, "jax") from None
 
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, TidalError

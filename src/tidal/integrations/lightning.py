@@ -23,9 +23,12 @@ from tidal.errors import missing
 
 try:
     import torch
+except ImportError as exc:
+    raise missing("torch", "tidal.integrations.lightning", exc, "torch") from None
+try:
     from lightning.pytorch import Callback
 except ImportError as exc:
-    raise missing("lightning", "tidal.integrations.lightning", exc, package="lightning") from None
+    raise missing("lightning", "tidal.integrations.lightning", exc, "lightning") from None
 
 from tidal.integrations import find_loader, prefixed
 

@@ -25,7 +25,7 @@ user acts on; a failure that no retry can fix is not retried (``metrics()["retri
 one that may pass is tried ``attempts`` times, each retry counted in ``metrics()``, the request
 that failed for good included; no record of a file that changed is read, from the store or the
 cache. Each case prints how long the error took (``-s``); the retry budget is short (3 tries,
-waits of at most 0.2 s, 1 s of throttling), so no case waits long, and none is timed by an assert.
+waits of at most 0.2 s, 0.3 s of throttling), so no case waits long, and none is timed by an assert.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ pytestmark = pytest.mark.slow
 pytest_plugins = ["s3_fixtures", "emulator_fixtures"]
 
 ATTEMPTS = 3
-RETRY = Retry(attempts=ATTEMPTS, backoff=0.05, max_backoff=0.2, throttled_s=1.0)
+RETRY = Retry(attempts=ATTEMPTS, backoff=0.05, max_backoff=0.2, throttled_s=0.3)
 A = [{"id": i, "text": f"record {i} of a"} for i in range(6)]  # web/a.jsonl
 B = [{"id": 6 + i, "text": f"record {6 + i} of b"} for i in range(6)]  # web/b.parquet
 NEW_A = [{"id": 100 + i, "text": "replaced"} for i in range(2)]  # a.jsonl replaced: another, shorter file
@@ -529,7 +529,7 @@ FAILURES = {
     "server refusing": Failure(
         server_answers, tidal.StorageError, rf"failed {ATTEMPTS} times.*(?:500|Internal)", True, ("500",)
     ),
-    "throttling": Failure(server_answers, tidal.StorageError, r"kept throttling it for 1s", True, ("throttles",)),
+    "throttling": Failure(server_answers, tidal.StorageError, r"kept throttling it for 0.3s", True, ("throttles",)),
     "no credentials": Failure(no_credentials, tidal.StorageError, r"(?i)credentials", kinds=("401",)),
     "no access": Failure(server_answers, tidal.StorageError, r"access denied", kinds=("403",)),
     "no bucket": Failure(no_bucket, tidal.TidalError, r"(?:bucket|container) '[\w-]+' does not exist"),

@@ -42,6 +42,19 @@ def test_a_clean_run_is_exactly_once(ds: tidal.Dataset, workers: int) -> None:
     assert report.lines()[-1].startswith("exactly once")
 
 
+def test_a_loader_that_batched_the_dataset_itself_is_verified_on_it(tmp_path: Path) -> None:
+    """States of DataLoader(ds, batch_size=4) verify on ds, as tidal.trace traces them."""
+    unbatched = tidal.Dataset(write_records(tmp_path / "web")).shuffle(seed=4, block_size=32)
+    loader = tidal.DataLoader(unbatched, batch_size=4, num_workers=2)
+    states = []
+    for step, _batch in enumerate(loader, 1):
+        if step % 7 == 0:
+            states.append(json.loads(json.dumps(loader.state_dict())))
+    report = verify(unbatched, states)
+    assert report.ok and report.reads == 4 * 28, report.lines()
+    assert verify(unbatched, states, batch_size=4).ok
+
+
 def test_a_packed_run_is_exactly_once(tmp_path: Path) -> None:
     ds = (
         tidal.Dataset(write_records(tmp_path / "web"))

@@ -251,7 +251,7 @@ def load_state(state: dict | str | Path | None) -> dict | None:
     )
 
 
-def _as_saved(dataset: Dataset, state: dict | None, batch_size: int | None = None, drop_last: bool = False) -> Dataset:
+def as_saved(dataset: Dataset, state: dict | None, batch_size: int | None = None, drop_last: bool = False) -> Dataset:
     """The dataset ``state`` was saved from: ``dataset`` itself, or ``dataset`` batched as a loader
     made with ``tidal.DataLoader(dataset, batch_size=n)`` batched it (``batch_size``, else the
     state's fixed batch size, with ``drop_last`` either way). The fingerprint decides: where none
@@ -329,7 +329,7 @@ def traced(
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ArgumentError(f"{what} must be a non-negative int, not {value!r}")
     loaded = load_state(state)
-    dataset = _as_saved(dataset, loaded, batch_size, drop_last)
+    dataset = as_saved(dataset, loaded, batch_size, drop_last)
     try:
         replay = Replay(dataset, loaded, rank, world_size, num_workers)
     except StateError as exc:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tidal.errors import StateError
-from tidal.provenance import Replay, Step, load_state
+from tidal.provenance import Replay, Step, as_saved, load_state
 from tidal.state import calls as weight_calls
 from tidal.state import keys as k
 from tidal.state.schema import check_layout
@@ -125,13 +125,22 @@ def _range(read: dict) -> str:
     return f" tokens [{read['start']}, {read['end']})" if read.get("start") is not None else ""
 
 
-def verify(dataset: Dataset, states: Sequence[dict | str | Path], *, from_start: bool = True) -> Report:
+def verify(
+    dataset: Dataset,
+    states: Sequence[dict | str | Path],
+    *,
+    from_start: bool = True,
+    batch_size: int | None = None,
+    drop_last: bool = False,
+) -> Report:
     """Replay a run from its saved states and report records read twice or never, per rank and
     epoch (see :mod:`tidal.verify`). The states (dicts, or paths of their JSON files) are taken
     in step order: sorted by pass and batches consumed, so a glob's order does not matter (ties
     keep the order given). ``from_start``: also replay from the start of the run to the first
     state (not possible where the first state was itself restored from another topology: then
-    the check starts at it). Findings name each state by its path, or as ``states[i]``.
+    the check starts at it). Findings name each state by its path, or as ``states[i]``. States of
+    a ``tidal.DataLoader(dataset, batch_size=n)`` replay ``dataset`` batched as that loader
+    batched it (``batch_size``/``drop_last``, or found from the states, as :func:`tidal.trace` does).
 
     >>> report = tidal.verify.verify(ds, glob.glob("run/state-*.json"))
     >>> report.ok, report.lines()[-1]
@@ -139,6 +148,7 @@ def verify(dataset: Dataset, states: Sequence[dict | str | Path], *, from_start:
     named = [(str(s) if not isinstance(s, dict) else f"states[{i}]", load_state(s)) for i, s in enumerate(states)]
     if not named:
         raise StateError("no states to verify")
+    dataset = as_saved(dataset, named[0][1], batch_size, drop_last)
     for name, state in named:
         check_layout(state, name)
         try:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tidal.errors import ArgumentError
+from tidal.errors import ArgumentError, needs
 from tidal.formats import Errors, check_errors, check_options
 from tidal.iterator import DatasetIterator
 from tidal.sources import resolve_source, storage_settings
@@ -120,6 +120,8 @@ class Dataset:
         """
         options = check_options(format or "", format_options)
         errors = check_errors(errors)
+        if progress:  # asked for: a bar that cannot be drawn is an error, not nothing
+            needs("tqdm", "Dataset(progress=True)", "cli")
         settings = storage_settings(
             storage, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, index_url=index_url
         )

@@ -96,6 +96,11 @@ def _formats(root: Path) -> dict[str, Path]:
         _tar(out["webdataset"] / f"w-{k}.tar", range(k * 5, k * 5 + 5))
         np.save(out["flat"] / f"f-{k}.npy", np.arange(k * 5000, k * 5000 + 5000, dtype=np.uint16))
         write_megatron(out["megatron"] / f"m-{k}_text_document", corpus(12, seed=k))
+    with mds_writer()(out=str(root / "mds"), columns={"id": "int", "s": "str"}, size_limit=200) as mds:
+        for i in range(30):  # several shards: shard.00000.mds, shard.00001.mds, ...
+            mds.write({"id": i, "s": f"s{i}"})
+    out["mds"] = root / "mds"
+    assert len(list(out["mds"].glob("shard.*.mds"))) > 2
     with TokenWriter(out["tokens"], shard_size=60) as writer:
         for i in range(30):
             writer.write(np.arange(i, 2 * i + 1))
@@ -122,6 +127,7 @@ FORMATS = [
     "csv",
     "arrow",
     "webdataset",
+    "mds",
     "tokens",
     "flat",
     "megatron",

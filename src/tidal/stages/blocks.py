@@ -84,7 +84,7 @@ class Owned:
     ):
         self._base = int(order.starts[b])
         self._n = int(order.starts[b + 1]) - self._base
-        intervals = reader._reads(order.epoch)
+        intervals = reader._owned(order.epoch)
         self._intervals = [
             (a - self._base, z - self._base) for a, z in intervals if a < self._base + self._n and z > self._base
         ]
@@ -133,8 +133,10 @@ class BlockReader:
         policy: Policy,
         reads: Callable[[int], Intervals],
         next_order: Callable[[int], EpochOrder | None],
+        owned: Callable[[int], Intervals] | None = None,  # the positions whose bad records are its own
     ):
         self._plan, self._world, self._policy, self._reads = plan, world, policy, reads
+        self._owned = owned or reads
         self._next_order = next_order  # the order of the epoch after one, None after the last
         self._readers = OpenReaders(self._open_reader, self._reader_closed, self.MAX_OPEN)
         self._block_index = -1

@@ -44,6 +44,7 @@ class DatasetIterator(Iterator[Any]):
         where: str = "state",
         weights: Mapping[str, float] | None = None,
         trace: bool = False,
+        replay: bool = False,
     ):
         self.world = world
         self.stage = stage
@@ -72,7 +73,8 @@ class DatasetIterator(Iterator[Any]):
         self._located: Locator = Unlocated()  # with trace: where the chunk's items came from
         self._live = Live(saved, f"{where}['{k.WEIGHTS}']")
         self._live.coming = weights
-        self._top = stage.open(Context(world, first_epoch, origin, weights=self._live, trace=trace), position)
+        ctx = Context(world, first_epoch, origin, weights=self._live, trace=trace, replay=replay)
+        self._top = stage.open(ctx, position)
         self._live.check_attached()
         if weights is not None:  # set on the loader: from the next draw past this state on
             self._live.switch(weights)

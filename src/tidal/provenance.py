@@ -152,6 +152,7 @@ class Replay:
                         where,
                         self.weights,
                         trace=True,
+                        replay=True,  # the run reported the bad records it met
                     )
                 )
         except BaseException:

@@ -61,7 +61,10 @@ class Context:
     keyed by source key. ``key``: the key of the sources below this stage: ``""`` at the top,
     ``"web/"`` inside the mixed stream ``web``. ``weights``: the weights set on a running loader,
     for the top mixture (see :mod:`tidal.stages.weights`). ``trace``: keep where every item came
-    from (:meth:`Locator.origins`), for :func:`tidal.trace`.
+    from (:meth:`Locator.origins`), for :func:`tidal.trace`. ``replay``: the chain is opened to
+    check or replay a state (``load_state_dict``'s check, :func:`tidal.trace`, ``tidal state
+    verify``), not to train on: the bad records it meets were the run's to report, so they are
+    skipped without going to the ``errors`` function or the log again (``"raise"`` still raises).
     """
 
     world: World
@@ -70,6 +73,7 @@ class Context:
     key: str = ""
     weights: Live | None = None
     trace: bool = False  # whether items' provenance is kept (see Locator.origins)
+    replay: bool = False  # a check or replay of a state: bad records are not reported again
 
 
 class StageIterator(ABC):

@@ -333,7 +333,14 @@ class MixIterator(StageIterator):
     def _open(self, name: str, position: View | None) -> StageIterator:
         stage = self._stages[name]
         first = self._passes[name] * stage.epochs_per_pass()
-        ctx = Context(self._world, first, self._ctx.origin, f"{self._ctx.key}{name}/", trace=self._ctx.trace)
+        ctx = Context(
+            self._world,
+            first,
+            self._ctx.origin,
+            f"{self._ctx.key}{name}/",
+            trace=self._ctx.trace,
+            replay=self._ctx.replay,
+        )
         return stage.open(ctx, position)
 
     def _choices(self, k: int, n: int) -> np.ndarray:

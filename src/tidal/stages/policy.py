@@ -23,8 +23,9 @@ class Policy:
 
     KEEP = 3
 
-    def __init__(self, errors: Errors):
+    def __init__(self, errors: Errors, quiet: bool = False):
         self.errors = errors
+        self.quiet = quiet  # a replay (tidal.stages.Context.replay): skipped as the run did, not reported again
         self.first: list[str] = []  # the first few errors skipped
         self.logged: set[str] = set()
         self.bad_files: set[str] = set()  # files with a part (not a record) unreadable
@@ -55,6 +56,8 @@ class Policy:
             return
         if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
             raise error
+        if self.quiet:
+            return
         if callable(self.errors):
             try:
                 self.errors(error)

@@ -58,7 +58,7 @@ class Read(Stage):
 
     def open(self, ctx: Context, position: View | None) -> ReadIterator:
         origin = (ctx.origin or {}).get(ctx.key)
-        return ReadIterator(self.plan, ctx.world, position, ctx.first_epoch, origin, ctx.key)
+        return ReadIterator(self.plan, ctx.world, position, ctx.first_epoch, origin, ctx.key, ctx.replay)
 
     def describe(self) -> list:
         p = self.plan
@@ -216,6 +216,7 @@ class ReadIterator(StageIterator):
         first_epoch: int = 0,
         origin: dict | None = None,
         key: str = "",
+        replay: bool = False,
     ):
         self._plan = plan
         self._world = world
@@ -226,7 +227,7 @@ class ReadIterator(StageIterator):
         self._following: EpochOrder | None = None  # the next epoch's, once its first block is read ahead
         # the block the last table was cut from, where, and which of its records were kept (None: all)
         self._last: tuple[Block, int, list[int] | None] | None = None
-        self._policy = Policy(plan.errors)
+        self._policy = Policy(plan.errors, quiet=replay)
         # files the index could not read: counted by one reader, so counts add up over readers
         self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
@@ -235,7 +236,7 @@ class ReadIterator(StageIterator):
         self._shares: dict[int, tuple[Intervals, np.ndarray, Intervals]] = {}
         self._remainder_read = -1  # the last epoch whose remainder this reader read
         self._run: _Run | None = None  # where the offsets being read are: found once, not twice a batch
-        self._blocks = BlockReader(plan, world, self._policy, self._reads, self._order_after)
+        self._blocks = BlockReader(plan, world, self._policy, self._reads, self._order_after, self._owned)
         total = plan.total
         if total == 0 and plan.epochs is None:
             files = ", ".join(plan.shards.paths[:3]) + (", ..." if len(plan.shards) > 3 else "")
@@ -309,6 +310,19 @@ class ReadIterator(StageIterator):
         reads it; the blocks it loads, and the bad records that are its own."""
         intervals, _, rest = self._epoch_share(epoch)
         return intervals + rest
+
+    def _owned(self, epoch: int) -> Intervals:
+        """The positions of ``epoch`` whose bad records are this reader's to raise or count: those
+        it reads (:meth:`_reads`) from where it is on. A reader restored mid-block reads the block
+        again, but the bad records before its position were the saving run's: not again."""
+        intervals, ends, rest = self._epoch_share(epoch)
+        if epoch != self._epoch or self._offset == 0:
+            return intervals + rest
+        j = int(np.searchsorted(ends, self._offset, side="right")) - 1
+        if j >= len(intervals):
+            return rest
+        at = intervals[j][0] + self._offset - int(ends[j])
+        return [(at, intervals[j][1]), *intervals[j + 1 :], *rest]
 
     def _epoch_share(self, epoch: int) -> tuple[Intervals, np.ndarray, Intervals]:
         if epoch not in self._shares:

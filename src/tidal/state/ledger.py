@@ -136,14 +136,21 @@ class Ledger:
     def _check_positions(self, view: View) -> None:
         """Open, and close, this rank's readers where the state puts them: a position no reader
         takes (an offset past its share, a negative count, an epoch past the pass) is an error
-        now, naming its key, not at the first batch inside a worker. Nothing is read."""
+        now, naming its key, not at the first batch inside a worker. Little is read (a packer
+        reads its chunk again), and as a replay: no bad record goes to the errors function twice."""
+        from tidal.iterator import DatasetIterator  # a floor up: the ledger holds datasets, opens them only here
+
         ranks = self._ranks()
         restored = schema.restore(view, ranks.rank, ranks.world_size, self.workers)
         first = restored.pass_ * self.dataset.epochs_per_pass()
         for w, state in enumerate(restored.rank[k.WORKERS]):
             world = ranks.with_worker(w, self.workers)
             where = schema.reader_where(ranks.rank, w)
-            self.dataset.iterator(world, state, first, restored.origin, where, view.data.get(k.WEIGHTS)).close()
+            weights = view.data.get(k.WEIGHTS)
+            fingerprint = self.dataset.fingerprint()
+            DatasetIterator(
+                self.dataset.stage, fingerprint, world, state, first, restored.origin, where, weights, replay=True
+            ).close()
 
     def restore(self, ranks: World) -> None:
         """At the start of an iteration as rank ``ranks``: apply the pending state, if any."""

@@ -21,7 +21,8 @@ def write_megatron(prefix: Path, documents: list[list[np.ndarray]], dtype: type 
     """``prefix.bin`` and ``prefix.idx``: each document a list of sequences, as Megatron's builder writes them."""
     seqs = [s.astype(dtype) for doc in documents for s in doc]
     lengths = np.array([len(s) for s in seqs], dtype="<i4")
-    pointers = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) * np.dtype(dtype).itemsize)[:-1]]).astype("<i8")
+    ends = np.cumsum(lengths.astype(np.int64) * np.dtype(dtype).itemsize)
+    pointers = np.concatenate([[0], ends])[: len(seqs)].astype("<i8")  # one per sequence: none for an empty file
     doc_index = np.concatenate([[0], np.cumsum([len(d) for d in documents])]).astype("<i8")
     prefix.with_suffix(".bin").write_bytes(b"".join(s.tobytes() for s in seqs))
     head = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, CODES[np.dtype(dtype)], len(seqs), len(doc_index))

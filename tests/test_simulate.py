@@ -231,3 +231,17 @@ def test_readers_holding_large_shards_over_many_blocks_share_a_small_cache_as_th
         cache_limit=int(rng.integers(sum(sizes) // 8, sum(sizes) // 2)), sample_batches=20,
     )  # fmt: skip
     assert_matches_brute_force(setup)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=shapes, data=st.data())
+def test_what_a_reader_holds_in_this_epoch_is_within_what_tidal_checks_for_every_epoch(
+    shape: dict, data: st.DataObject
+) -> None:
+    """``tidal plan``'s figure for one epoch never exceeds the bound it and the readers check."""
+    n = len(shape["rows"])
+    sizes = data.draw(st.lists(st.integers(0, 20_000), min_size=n, max_size=n), label="bytes")
+    block_bytes = data.draw(st.none() | st.integers(1, 40_000), label="block_bytes")
+    sim = simulate(Setup(bytes=sizes, block_bytes=block_bytes, **shape))
+    assert sim.held_per_reader <= sim.room.per_reader
+    assert sim.cache_per_node == min(sim.room.whole, sim.setup.readers_per_node * sim.room.per_reader)

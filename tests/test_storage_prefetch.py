@@ -79,7 +79,7 @@ def test_a_cache_too_small_for_one_shard_is_an_error_at_once_naming_the_limit_an
         need = held * footprint(largest) + fixed(cache)
         message = str(err.value)
         assert f"the cache_limit of {limit:,} bytes is too small" in message
-        assert f"holds {held} shard" in message and f"at least {need:,} bytes" in message, message
+        assert f"holds up to {held} shard" in message and f"at least {need:,} bytes" in message, message
         assert f"the largest shard is {largest:,} bytes" in message
     assert not list(cache.glob("shards/*.shard"))  # nothing was downloaded in vain
     # the bound it names is enough

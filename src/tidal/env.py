@@ -5,7 +5,8 @@
 - ``TIDAL_CACHE_DIR``, else ``XDG_CACHE_HOME``: where tidal keeps shard indexes it cannot
   write beside the data, and the shard cache of remote datasets.
 - ``LOCAL_WORLD_SIZE`` (torchrun) and ``RAYON_NUM_THREADS``: how many threads each tokenizer
-  may use, so that ranks x DataLoader workers x tokenizer threads do not exceed the cores.
+  may use, so that ranks x DataLoader workers x tokenizer threads do not exceed the cores; and
+  how many readers of the machine share its shard cache.
 - ``TIDAL_SHARED_MEMORY=0``: DataLoader workers send batches through a pipe, not through
   shared memory (:mod:`tidal.transport.rings`).
 - ``TIDAL_WARMUP_WORKERS``: how many DataLoader workers of a rank make their first batch at
@@ -42,7 +43,7 @@ def share_tokenizer_threads(workers: int) -> None:
     outnumber cores and every one of them slows down. Set once, before the pool starts (its
     first batch); a value the user set is kept.
     """
-    readers = workers * _local_ranks()
+    readers = workers * local_ranks()
     if readers > 1 and "RAYON_NUM_THREADS" not in os.environ:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, _cores() // readers))
 
@@ -57,7 +58,7 @@ def read_threads(workers: int = 1) -> int:
         if not given.isdigit() or int(given) < 1:
             raise ConfigError(f"TIDAL_READ_THREADS must be a positive integer, not {given!r}")
         return int(given) if int(given) > 1 else 0
-    return max(1, min(4, _cores() // (_local_ranks() * max(1, workers))))
+    return max(1, min(4, _cores() // (local_ranks() * max(1, workers))))
 
 
 def warmup_workers() -> int:
@@ -68,14 +69,15 @@ def warmup_workers() -> int:
         if not given.isdigit() or int(given) < 1:
             raise ConfigError(f"TIDAL_WARMUP_WORKERS must be a positive integer, not {given!r}")
         return int(given)
-    return max(1, _cores() // _local_ranks())
+    return max(1, _cores() // local_ranks())
 
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _local_ranks() -> int:
+def local_ranks() -> int:
+    """``LOCAL_WORLD_SIZE``: the ranks of this machine (torchrun sets it), 1 where unset."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "1")
     return int(local) if local.isdigit() and int(local) > 0 else 1
 

@@ -175,6 +175,49 @@ def _group_bounds(
     return np.asarray(bounds, dtype=np.int64)
 
 
+def most_shards_per_block(
+    rows: Sequence[int] | np.ndarray,
+    *,
+    seed: int | None,
+    block_size: int,
+    shards_per_block: int,
+    bytes: Sequence[int] | np.ndarray | None = None,
+    block_bytes: int | None = None,
+) -> tuple[int, str]:
+    """The most shards a block of any epoch reads, and the argument that sets that number:
+    ``"shards_per_block"``, ``"block_size"`` or ``"block_bytes"`` (``""`` unshuffled, where a
+    block reads one shard).
+
+    Shuffled, a block reads slices of the shards of one group, never of two. A group takes
+    ``shards_per_block`` shards, and more only while their records stay under ``block_size`` and
+    their bytes under ``block_bytes`` (:func:`_group_bounds`): so it never holds more than the
+    fewest shards whose records (or bytes) reach the bound, which are the smallest ones, and an
+    epoch's order may put those side by side. Sorting is all it takes: no epoch is ordered.
+
+    >>> most_shards_per_block([40] * 20 + [900] * 4, seed=0, block_size=1600, shards_per_block=4)
+    (21, 'block_size')
+    """
+    sizes = np.asarray(rows, dtype=np.int64)
+    read = sizes > 0  # shards of no records are in no block
+    count = int(read.sum())
+    if seed is None or count == 0:
+        return min(1, count), ""
+
+    def reach(values: np.ndarray, bound: int) -> int:
+        """The fewest of ``values`` that add up to ``bound``: the smallest first (all, where none do)."""
+        total = np.cumsum(np.sort(values))
+        return min(count, int(np.searchsorted(total, bound, side="left")) + 1)
+
+    by, fewest = "block_size", reach(sizes[read], block_size)
+    if bytes is not None and block_bytes is not None:
+        by_bytes = reach(np.asarray(bytes, dtype=np.int64)[read], block_bytes)
+        if by_bytes < fewest:
+            by, fewest = "block_bytes", by_bytes
+    if fewest <= shards_per_block:
+        return min(count, max(1, shards_per_block)), "shards_per_block"
+    return fewest, by
+
+
 def consumer_range(total: int, consumers: int, consumer: int, *, drop_remainder: bool) -> tuple[int, int]:
     """Positions ``[start, stop)`` of an epoch read by one of ``consumers`` readers.
 

@@ -14,10 +14,12 @@ ranks per node), :func:`simulate` works out one epoch the way the readers will r
   that a reader holds open is never evicted), and every fetch is counted. With a cache large
   enough this is each shard the node touches, once; a smaller one fetches some shards again.
   Prefetching, which fetches the next blocks' shards ahead, is not modelled.
-- **The cache a shuffle block needs.** What a reader holds open at once (the shards of its
-  block, and those of the next block it already has open), at their size in the cache; tidal
-  checks at the start of each epoch that ``cache_limit`` holds that times the DataLoader workers
-  of a process, and refuses a smaller one before anything is downloaded.
+- **The cache a shuffle block needs.** What a reader holds open at once in this epoch (the
+  shards of its block, and those of the next block it already has open), at their size in the
+  cache; and what it may hold in the worst epoch, which is what tidal checks before the first
+  block (:mod:`tidal.storage.room`, the same function of the same index): that ``cache_limit``
+  holds it for every reader of a node (ranks x DataLoader workers x continuous rows), beside
+  the cache's own files; a smaller one is refused before anything is downloaded.
 - **Shuffle quality.** The number of distinct shards among the records of a batch, computed
   from the epoch's block permutations (which record of which shard each position is), for a
   sample of batches over all readers, beside what a perfect shuffle would give (records drawn
@@ -36,11 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tidal.order import EpochOrder, Intervals, Slices
 from tidal.storage.cache import footprint
+from tidal.storage.room import Room, fit, room
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,17 @@ class Setup:
     cache_limit: int | None = None  # None: unbounded
     bandwidth: float = 1e9  # bytes per second, per node
     sample_batches: int = 2000  # batches whose shuffle quality is computed
+    lanes: int = 1  # continuous rows each worker streams: readers of their own
+    # what a reader holds in the cache while a shard is open (tidal.storage.room.cached_sizes; 0: local
+    # or read in place); None: every shard fetched whole, at its footprint
+    cached: Sequence[int] | None = None
+    streamable: Sequence[bool] | None = None  # shards that may be read in place instead (Parquet); None: none
+    fixed: int = 0  # what the cache's own files take (its index and directories), beside the shards
+
+    @property
+    def readers_per_node(self) -> int:
+        """The readers that share a node's cache: its ranks x workers x continuous rows."""
+        return min(self.ranks_per_node, self.ranks) * self.workers * self.lanes
 
     @property
     def nodes(self) -> int:
@@ -172,20 +187,26 @@ class Simulation:
     nodes: list[Node]
     batches_per_rank: int
     largest_block_bytes: int  # the shards of the largest block, as downloaded
+    room: Room  # what a node's readers may hold in the cache at once, in the worst epoch
+    ranged: list[int]  # Parquet shards read in place so that the rest fits in cache_limit
     quality: dict = field(default_factory=dict)
 
     @property
     def held_per_reader(self) -> int:
+        """The most a reader holds in the cache at once in this epoch."""
         return int(self.readers.held_bytes.max()) if len(self.readers) else 0
 
     @property
-    def cache_per_rank(self) -> int:
-        """The least ``cache_limit`` tidal accepts for one rank: a reader's most held, times its workers."""
-        return self.held_per_reader * self.setup.workers
+    def cache_per_node(self) -> int:
+        """The least ``cache_limit`` tidal accepts for a node, every epoch (its check, with the
+        Parquet shards of :attr:`ranged` read in place): the figure its error names."""
+        return self.room.needed + self.setup.fixed
 
     @property
-    def cache_per_node(self) -> int:
-        return self.cache_per_rank * min(self.setup.ranks_per_node, self.setup.ranks)
+    def cache_per_rank(self) -> int:
+        """The same for a node of one rank."""
+        r = self.room
+        return min(r.whole, self.setup.workers * self.setup.lanes * r.per_reader) + self.setup.fixed
 
     def first_batch_seconds(self) -> float:
         return max((n.first_bytes for n in self.nodes), default=0) / self.setup.bandwidth
@@ -215,6 +236,7 @@ def simulate(setup: Setup, progress: Callable[[int], None] | None = None) -> Sim
         progress(len(readers))
     nodes = [_node(setup, n, readers, blocks) for n in range(setup.nodes)]
     per_reader = int(readers.records.min()) if len(readers) else 0
+    need, ranged = _room(setup, rows, sizes)
     sim = Simulation(
         setup=setup,
         total_records=int(rows.sum()),
@@ -224,9 +246,28 @@ def simulate(setup: Setup, progress: Callable[[int], None] | None = None) -> Sim
         nodes=nodes,
         batches_per_rank=setup.workers * (per_reader // max(1, setup.batch)),
         largest_block_bytes=int(blocks.bytes.max()) if order.blocks else 0,
+        room=need,
+        ranged=ranged,
     )
     sim.quality = quality(order, blocks.table, readers, setup, rows)
     return sim
+
+
+def _room(setup: Setup, rows: np.ndarray, sizes: np.ndarray) -> tuple[Room, list[int]]:
+    """What a node's readers hold in the cache at once in the worst epoch, as tidal checks it, and
+    the Parquet shards it reads in place for the rest to fit in ``cache_limit``."""
+    cached = _footprints(sizes) if setup.cached is None else np.asarray(setup.cached, dtype=np.int64)
+    s = setup
+    order: dict[str, Any] = {
+        "seed": s.seed,
+        "block_size": s.block_size,
+        "shards_per_block": s.shards_per_block,
+        "block_bytes": s.block_bytes,
+        "readers": s.readers_per_node,
+    }
+    if s.cache_limit is None or s.streamable is None:
+        return room(rows, sizes, cached, **order), []
+    return fit(rows, sizes, cached, s.streamable, s.cache_limit - s.fixed, **order)
 
 
 class _Blocks:

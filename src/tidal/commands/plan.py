@@ -13,6 +13,7 @@ from tidal.progress import Bar
 if TYPE_CHECKING:
     from tidal.dataset import Dataset
     from tidal.simulate import Simulation
+    from tidal.stages.plan import ReadPlan
 
 
 def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -146,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             else None
         )
         setup = Setup(
+            **_cache(plan, limit, workers, ds),
             rows=plan.shards.rows.tolist(),
             bytes=plan.shards.bytes.tolist(),
             seed=seed,
@@ -176,6 +178,37 @@ def run(args: argparse.Namespace) -> int:
 
 def _batch_size(ds: Dataset) -> int | None:
     return ds.stage.batch_size()
+
+
+def _cache(plan: ReadPlan, limit: int | None, workers: int, ds: Dataset) -> dict:
+    """What the simulation needs to size the cache as the readers check it: per shard what a reader
+    holds in the cache while it is open, which may be read in place instead, the cache's own
+    files, and the continuous rows each worker streams (each a reader)."""
+    from tidal.stages.continuous import ContinuousBatch, rows_per_reader
+
+    continuous = [s for s in _main_line(ds) if isinstance(s, ContinuousBatch)]
+    lanes = rows_per_reader(continuous[0].size, workers) if continuous else 1
+    if plan.storage is None:  # local data: no cache; sized as if the same files were remote
+        return {"lanes": lanes}
+    from tidal.storage.cache import Cache
+    from tidal.storage.prefetch import fetched_whole
+    from tidal.storage.room import cached_sizes, streamable
+
+    shards = plan.shards
+    return {
+        "lanes": lanes,
+        "cached": cached_sizes(shards, fetched_whole(shards, plan.columns)).tolist(),
+        "streamable": streamable(shards).tolist(),
+        "fixed": Cache(plan.storage.root, limit if limit is not None else plan.storage.limit).fixed(),
+    }
+
+
+def _main_line(ds: Dataset) -> list:
+    """The stages of ``ds`` down to its source or mixture."""
+    line = [ds.stage]
+    while len(ups := line[-1].upstreams()) == 1:
+        line.append(ups[0])
+    return line
 
 
 def report(sim: Simulation, remote: bool, indent: str = "") -> str:
@@ -230,22 +263,7 @@ def report(sim: Simulation, remote: bool, indent: str = "") -> str:
     total = sum(n.downloaded_bytes for n in sim.nodes)
     if sim.total_bytes:
         lines.append(f"  all nodes: {size(total)} per epoch, {total / sim.total_bytes:.2f}x the data")
-    worst = sim.readers[int(sim.readers.held_bytes.argmax())]  # the first that holds the most
-    lines.append(
-        f"cache: a reader holds at most {worst.held_shards} shard(s) open at once, {size(worst.held_bytes)} in the "
-        f"cache; tidal needs a cache_limit of at least {size(sim.cache_per_rank)} per rank ({s.workers} worker(s) "
-        f"may each hold as much), {size(sim.cache_per_node)} for a node of {min(s.ranks_per_node, s.ranks)} rank(s)"
-    )
-    if s.cache_limit is not None and remote:
-        if sim.total_bytes <= s.cache_limit:
-            lines.append(f"  cache_limit {size(s.cache_limit)}: the whole dataset fits")
-        elif sim.cache_per_node > s.cache_limit:
-            lines.append(
-                f"  cache_limit {size(s.cache_limit)} is too small: tidal refuses it at the start of the epoch "
-                "(StorageError), except that Parquet shards that do not fit are read in place by range requests"
-            )
-        else:
-            lines.append(f"  cache_limit {size(s.cache_limit)}: enough")
+    lines += _cache_lines(sim, remote)
     q = sim.quality
     if q:
         if s.seed is None:
@@ -270,3 +288,38 @@ def report(sim: Simulation, remote: bool, indent: str = "") -> str:
         f"{seconds(sim.first_batch_seconds())}"
     )
     return "\n".join(indent + line for line in lines)
+
+
+def _cache_lines(sim: Simulation, remote: bool) -> list[str]:
+    """The cache a node needs: what a reader holds in this epoch, and in the worst, which tidal
+    checks before the first block (the same figure its error names)."""
+    s, need = sim.setup, sim.room
+    worst = sim.readers[int(sim.readers.held_bytes.argmax())]  # the first that holds the most
+    node = f"{min(s.ranks_per_node, s.ranks)} rank(s) x {s.workers} worker(s)"
+    if s.lanes > 1:
+        node += f" x {s.lanes} continuous rows"
+    ranged = f" with {len(sim.ranged):,} Parquet shard(s) read in place by ranges" if sim.ranged else ""
+    lines = [
+        f"cache: in epoch {s.epoch} a reader holds at most {worst.held_shards} shard(s) open at once, "
+        f"{size(worst.held_bytes)} in the cache; in the worst epoch up to {need.shards} ({need.why()}), "
+        f"{size(need.per_reader)}{ranged}",
+        f"  tidal needs a cache_limit of at least {sim.cache_per_node:,} bytes ({size(sim.cache_per_node)}) for a node "
+        f"of {node} = {s.readers_per_node} readers, each of which may hold as much at once"
+        + (
+            " (more than every shard once: the whole dataset)"
+            if need.needed < s.readers_per_node * need.per_reader
+            else ""
+        )
+        + (f" ({size(s.fixed)} of it the cache's own index and directories)" if s.fixed else "")
+        + (f"; {size(sim.cache_per_rank)} for one rank" if min(s.ranks_per_node, s.ranks) > 1 else ""),
+    ]
+    if s.cache_limit is not None and remote:
+        if sim.cache_per_node <= s.cache_limit:
+            whole = " (the whole dataset fits)" if need.needed == need.whole else ""
+            lines.append(f"  cache_limit {size(s.cache_limit)}: enough for every epoch{ranged}{whole}")
+        else:
+            lines.append(
+                f"  cache_limit {size(s.cache_limit)} is too small: tidal refuses it before the first batch "
+                f"(StorageError); raise it, or hold fewer shards at once: {need.fix() or 'no argument holds fewer'}"
+            )
+    return lines

@@ -181,10 +181,13 @@ class BlockReader:
         slices = order.slices(b)
         remote = self._prefetcher()
         if remote is not None:  # fetch this block's and the next blocks' shards in the background
-            remote.require(order.epoch, lambda: self._held_per_block(order, remote), self._world.num_workers)
+            self._require(remote)
             now = [s for s, _, _ in slices]
             later = self._upcoming(order, b)
-            first_later = [s for s, _, _ in order.slices(b + 1)] if b + 1 < order.blocks else []
+            # the next block's shards open already stay open, going on from a block of this epoch: so a
+            # reader holds one group's shards at most (tidal.storage.room), never an old epoch's beside
+            going_on = self._block_index >= 0
+            first_later = [s for s, _, _ in order.slices(b + 1)] if going_on and b + 1 < order.blocks else []
             keep = {*now, *first_later}
             self._readers.close_idle(lambda i: i in keep or not remote.is_remote(i))  # done with: evictable
             remote.ahead(now, later)
@@ -430,22 +433,18 @@ class BlockReader:
             self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats, check=self._plan.indexed)
         return self._remote
 
-    def _held_per_block(self, order: EpochOrder, remote: Prefetcher) -> Iterator[tuple[int, set[int]]]:
-        """``(block, remote shards open while it is read)`` for each block this reader reads this
-        epoch, in order: what :meth:`_load` keeps open (this block's shards, and those of the
-        next block that are open already), for the prefetcher to check the cache can hold it."""
-        intervals = self._reads(order.epoch)
-        held = {i for i in self._readers.indices() if remote.is_remote(i)}
-        last, after = -1, set[int]()
-        for a, z in intervals:
-            if z <= a:
-                continue
-            for b in range(max(order.block_at(a), last + 1), order.block_at(z - 1) + 1):
-                now = after if b == last + 1 and last >= 0 else {s for s, _, _ in order.slices(b)}
-                after = {s for s, _, _ in order.slices(b + 1)} if b + 1 < order.blocks else set()
-                held = (held & (now | after)) | now
-                last = b
-                yield b, held
+    def _require(self, remote: Prefetcher) -> None:
+        """Have the prefetcher check, before the first block, that the cache holds what this
+        machine's readers hold at once in any epoch (:mod:`tidal.storage.room`): the readers of
+        this process (DataLoader workers, continuous rows) times the ranks of the machine."""
+        w, plan = self._world, self._plan
+        ranks = env.local_ranks()
+        who = [f"{w.num_workers} DataLoader workers"] if w.num_workers > 1 else []
+        who += [f"{w.lanes} continuous rows{' each' if who else ''}"] if w.lanes > 1 else []
+        who += [f"{ranks} ranks of this machine (LOCAL_WORLD_SIZE)"] if ranks > 1 else []
+        readers = w.num_workers * w.lanes * ranks
+        order = {"seed": plan.seed, "block_size": plan.block_size, "shards_per_block": plan.shards_per_block}
+        remote.require(readers, " x ".join(who), block_bytes=plan.block_bytes, **order)
 
     def _upcoming(self, order: EpochOrder, b: int) -> Iterator[int]:
         """The shards of the blocks this reader reads after block ``b`` this epoch, in order, lazily."""

@@ -16,10 +16,11 @@ will be read, and stops at the first that would not fit. So a prefetch never evi
 shard that its reader reads before it, and a lone reader downloads each shard once per
 epoch, however small the cache.
 
-The room a reader needs, it is told before it starts an epoch (``require``): the shards
-it holds at once, which :mod:`tidal.stages.blocks` works out from the epoch order. Parquet
-shards that do not fit are read in place; anything else that does not fit is a
-:class:`~tidal.errors.StorageError` at once, naming the limit and what is needed.
+The room the readers of a machine need, a reader checks before its first block (``require``):
+what they may hold at once in the worst epoch (:mod:`tidal.storage.room`), the figure ``tidal
+plan`` prints. Parquet shards are read in place where that makes the rest fit; a cache that
+cannot hold it otherwise is a :class:`~tidal.errors.StorageError` at once, naming the limit
+needed and the argument that bounds what a reader holds.
 
 Large Parquet shards of which the reader wants only a small share (a few columns) are not
 downloaded but read in place through byte ranges (:class:`tidal.storage.fetch.RangeFile`).
@@ -29,15 +30,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from tidal.errors import StorageError
 from tidal.storage.cache import Entry, Handle, footprint
 from tidal.storage.config import Storage
 from tidal.storage.fetch import Fetcher, RangeFile
-from tidal.storage.retry import redact
+from tidal.storage.room import Room, cached_sizes, fit, streamable
 from tidal.storage.stats import Stats
 from tidal.storage.urls import is_remote
 
@@ -56,18 +59,31 @@ def entry(shard: Any, check: bool = False) -> Entry:
 
 def wants_ranges(shard: Any, columns: Sequence[str] | None) -> bool:
     """Whether reading ``columns`` of ``shard`` in place moves fewer bytes than fetching it whole."""
-    sizes = shard.info.get("column_bytes")
-    if shard.format != "parquet" or columns is None or not sizes or shard.bytes < RANGE_MIN_BYTES:
+    return _wants_ranges(shard.format, shard.info, int(shard.bytes), columns)
+
+
+def _wants_ranges(format: str, info: dict, size: int, columns: Sequence[str] | None) -> bool:
+    sizes = info.get("column_bytes")
+    if format != "parquet" or columns is None or not sizes or size < RANGE_MIN_BYTES:
         return False
     wanted = sum(sizes.get(c, 0) for c in columns)
-    return wanted < RANGE_MAX_SHARE * shard.bytes
+    return wanted < RANGE_MAX_SHARE * size
+
+
+def fetched_whole(shards: Any, columns: Sequence[str] | None) -> np.ndarray:
+    """Per shard of ``shards`` (a :class:`tidal.Shards`), whether a reader fetches it whole into
+    the cache: remote, and not read in place for its few ``columns`` (:func:`wants_ranges`)."""
+    columns_of = zip(shards.paths, shards.formats, shards.infos, shards.bytes.tolist(), strict=True)
+    return np.array(
+        [is_remote(p) and not _wants_ranges(f, info, b, columns) for p, f, info, b in columns_of], dtype=bool
+    )
 
 
 class Prefetcher:
     """The remote shards of one reader, by index in the plan's shard list.
 
     >>> pre = Prefetcher(plan.shards, storage, columns)
-    >>> pre.require(epoch, held_per_block)   # the room the reader needs: checked before it starts
+    >>> pre.require(readers, seed=0, block_size=16384, shards_per_block=8)   # before its first block
     >>> pre.ahead([4], [9, 2])               # the shards of this block, then of the next ones, in order
     >>> file = pre.open(4)                   # a local path (or an opener for ranged reads)
     >>> pre.release(4)                       # when its reader is closed
@@ -97,7 +113,7 @@ class Prefetcher:
         self._wanted: list[int] = []  # the same, in the order the reader opens them
         self._next = 0  # the first of them not started yet (see _fill)
         self._ranged: set[int] = set()  # Parquet shards read in place because the cache cannot hold them
-        self._checked: int | None = None  # the epoch ``require`` last checked
+        self._checked = False  # whether ``require`` has checked the room the readers need
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -176,61 +192,49 @@ class Prefetcher:
     def closed(self) -> bool:
         return self._closed
 
-    def require(self, epoch: int, held: Callable[[], Iterable[tuple[int, Collection[int]]]], readers: int = 1) -> None:
-        """Check, once per epoch, that the cache can hold what the reader holds at once.
-
-        ``held()`` yields, for each block the reader reads this epoch, ``(block, shards open
-        while it reads it)``. ``readers``: how many readers of this machine share the cache;
-        they may all hold their most at once (a DataLoader takes its workers' batches in turn,
-        so a worker ahead of the others keeps its block's shards open while it waits for its
-        turn), counted here as this reader's. Where a block's shards do not fit, its Parquet
-        shards are read in place instead (largest first); where that is not enough, a
-        :class:`StorageError` names the limit and what is needed.
+    def require(self, readers: int = 1, who: str = "", **order: Any) -> None:
+        """Check, once, that the cache can hold what the readers of this machine hold at once in
+        the worst epoch of ``order`` (the shuffle's ``seed``, ``block_size``, ``shards_per_block``,
+        ``block_bytes``): :func:`tidal.storage.room.fit`. ``readers``: how many share the cache
+        (``who``: them in words); they may all hold their most at once (a DataLoader takes its
+        workers' batches in turn, so a worker ahead of the others keeps its block's shards open
+        while it waits for its turn). Where they do not fit, Parquet shards are read in place
+        instead (the fewest, largest first); where that is not enough, a :class:`StorageError`
+        names the limit needed and the argument that bounds what a reader holds.
         """
-        if self._checked == epoch:
+        if self._checked:
             return
-        self._checked = epoch
+        self._checked = True
         cache = self._fetcher.cache
-        room = cache.limit - cache.fixed()
-        if sum(self._size(i) for i in range(len(self._shards)) if self._fetches_whole(i)) <= room:
-            return  # the whole dataset fits (a shard is on disk once, however many readers hold it)
-        for block, shards in held():
-            mine = sorted((i for i in shards if self._fetches_whole(i)), key=self._size, reverse=True)
-            for i in [i for i in mine if self._streamable(i)]:
-                if self._required(mine, readers) <= room:
-                    break
-                self._ranged.add(i)  # read in place from now on, largest first: it does not fit beside the others
-                mine.remove(i)
-            if self._required(mine, readers) > room:
-                raise StorageError(self._too_small(epoch, block, mine, readers))
+        shards: Any = self._shards  # a tidal.Shards: its columns
+        whole = fetched_whole(shards, self._columns)
+        whole[sorted(self._ranged)] = False
+        held = cached_sizes(shards, whole)
+        space = cache.limit - cache.fixed()
+        need, ranged = fit(shards.rows, shards.bytes, held, streamable(shards), space, readers=readers, **order)
+        if need.needed > space:
+            raise StorageError(self._too_small(need, who, len(ranged), int(shards.bytes[whole].max(initial=0))))
+        self._ranged.update(ranged)  # read in place from now on: the rest fits
 
-    def _required(self, shards: list[int], readers: int) -> int:
-        """Bytes the cache must have for entries when this reader, and as many others, hold ``shards``."""
-        return max(1, readers) * sum(self._size(i) for i in shards)
-
-    def _streamable(self, index: int) -> bool:
-        shard = self._shards[index]
-        return shard.format == "parquet" and shard.compression is None
-
-    def _too_small(self, epoch: int, block: int, shards: list[int], readers: int) -> str:
+    def _too_small(self, need: Room, who: str, ranged: int, largest: int) -> str:
         cache = self._fetcher.cache
         fixed = cache.fixed()
-        need, required = sum(self._size(i) for i in shards), self._required(shards, readers)
-        names = ", ".join(redact(self._shards[i].path) for i in shards[:4])
-        more = f" and {len(shards) - 4} more" if len(shards) > 4 else ""
-        largest = max(self._shards[i].bytes for i in range(len(self._shards)) if self._fetches_whole(i))
-        others = (
-            f", times the {readers} DataLoader workers that share the cache and may each hold as much at once"
-            if readers > 1
-            else ""
-        )
+        shared = ""
+        if need.readers > 1:
+            shared = (
+                f", times the {who or f'{need.readers} readers'} that share the cache and may each hold as much at once"
+            )
+            if need.needed < need.readers * need.per_reader:
+                shared += f" (more than every shard once: {need.needed:,})"
+        also = f" with the {ranged} Parquet shard{'s' * (ranged != 1)} read in place by ranges" if ranged else ""
+        fix = need.fix()
         return (
-            f"the cache_limit of {cache.limit:,} bytes is too small for this reader: it holds {len(shards)} "
-            f"shard{'s' if len(shards) > 1 else ''} at once (block {block} of epoch {epoch}: {names}{more}), which "
-            f"take {need:,} bytes in the cache with their metadata{others}, and the index and directories of "
-            f"{cache.root} take {fixed:,}: cache_limit must be at least {required + fixed:,} bytes "
-            f"(the largest shard is {largest:,} bytes). Raise cache_limit, or hold fewer shards at once "
-            "(shuffle(shards_per_block=...), fewer DataLoader workers)"
+            f"the cache_limit of {cache.limit:,} bytes is too small: a reader holds up to {need.shards} "
+            f"shard{'s' * (need.shards != 1)} at once in the worst epoch ({need.why()}), up to {need.per_reader:,} "
+            f"bytes in the cache with their metadata{also}{shared}, and the index and directories of {cache.root} take "
+            f"{fixed:,}: cache_limit must be at least {need.needed + fixed:,} bytes for every epoch (the largest shard "
+            f"is {largest:,} bytes; `tidal plan` gives the same figure). Raise cache_limit"
+            + (f", or hold fewer shards at once: {fix}" if fix else "")
         )
 
     def ahead(self, now: Iterable[int], later: Iterable[int]) -> None:

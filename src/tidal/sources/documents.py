@@ -75,16 +75,15 @@ def documentation(name: str) -> bool:
 
 def without_documents(found: Mapping[str, T]) -> dict[str, T]:
     """``found`` (the files of a directory searched whole, sorted) without the files that
-    document it (see the module); those left out named in one warning."""
-    names = {path: path.rsplit("/", 1)[-1] for path in found}
-    metadata = {p for p, n in names.items() if n.lower() in METADATA_NAMES}
-    documents = {p for p, n in names.items() if p not in metadata and documentation(n)}
-    if not metadata and not documents:
-        return dict(found)
-    data = {by_ending(p) for p in found if p not in metadata and p not in documents}
-    left = metadata if len(metadata) < len(found) else set()
-    if data - {"text"}:  # data of another format than the documents' own
-        left |= documents
+    document it (see the module); those left out named in one warning. A name is looked at
+    only where it may be left out (a JSON file; a text file beside data of another format), so
+    a listing of a million files costs a C call or two per file."""
+    text = [p for p in found if p.endswith(_TEXT)]
+    metadata = {p for p in found if p.endswith(_JSON) and p[p.rfind("/") + 1 :].lower() in METADATA_NAMES}
+    documents: set[str] = set()
+    if len(text) + len(metadata) < len(found):  # data of another format than text: documents are not
+        documents = {p for p in text if documentation(p[p.rfind("/") + 1 :])}
+    left = documents | (metadata if len(metadata) < len(found) else set())
     if not left:
         return dict(found)
     root = _common_directory(list(found))
@@ -97,6 +96,14 @@ def without_documents(found: Mapping[str, T]) -> dict[str, T]:
         ", ".join(shown[:SHOWN]) + more,
     )
     return {p: v for p, v in found.items() if p not in left}
+
+
+_TEXT = (
+    *(e + c for e in (".txt", ".text") for c in ("", ".gz", ".zst", ".zstd", ".bz2")),
+    ".TXT",
+    ".TEXT",
+)  # text files' endings, as tidal reads them
+_JSON = (".json", ".JSON")
 
 
 def _common_directory(paths: list[str]) -> str:

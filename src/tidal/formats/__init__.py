@@ -186,7 +186,7 @@ def _ordered(path: str | os.PathLike) -> tuple[list[str], list[str] | None] | No
     return None
 
 
-_MAY_LIST = ("/chunk-", "/state.json\0", "/dataset_dict.json\0", "/data-")  # LitData's, save_to_disk's files
+_MAY_LIST = ("/chunk-", "/state.json\0", "/dataset_dict.json\0")  # LitData's, save_to_disk's files
 
 
 def listed_in_order(found: Mapping[str, Any], read: Callable[[str], bytes | None]) -> dict[str, Any]:
@@ -198,7 +198,8 @@ def listed_in_order(found: Mapping[str, Any], read: Callable[[str], bytes | None
     manifest's other files (``state.json``, ``dataset_info.json``); the rest is as it is. So a
     directory holding several saved datasets or LitData directories reads each as it reads on
     its own, here or in a store. A ``DatasetDict`` in it is a SourceError naming its splits."""
-    if not found or not any(mark in "\0".join(found) + "\0" for mark in _MAY_LIST):
+    joined = "\0".join(found) + "\0"
+    if not any(mark in joined for mark in _MAY_LIST) and not ("/data-" in joined and ".arrow\0" in joined):
         return dict(found)  # the common case at once: a listing may hold a million files
     dirs: dict[str, set[str]] = {}
     for path in found:

@@ -438,7 +438,11 @@ def _not_found(exc: BaseException) -> bool:
             return False
         if not isinstance(e, StorageError):  # tidal's own message names the URL, whose port may be 404xx
             if isinstance(e, FileNotFoundError):
-                return e.__cause__ is None or not transient(e.__cause__)
+                cause = e.__cause__
+                if cause is None:
+                    return True
+                status = code_and_status(cause)[1]  # a refusal (401, 403) is not an absence
+                return not transient(cause) and (status is None or status in (404, 410))
             code, status = code_and_status(e)
             if status == 404 or code in ("NoSuchKey", "404") or "NotFound" in type(e).__name__:
                 return True

@@ -44,6 +44,8 @@ _REJECTED_CODES = {
     "InvalidClientTokenId",
 }
 _CODE_TEXT = re.compile(r"\((\w+)\) when calling|ErrorCode:\s*(\w+)|<Code>(\w+)</Code>")
+# gcsfs gives a 403 as ``OSError: Forbidden: <url>\n<who> does not have storage.objects.get access ...``, no status
+_DENIED_TEXT = re.compile(r"\bdoes not have [\w.]+ access\b|\bPermission '[\w.]+' denied\b|(?:Error|^): Forbidden\b")
 _NO_CREDENTIALS = re.compile(r"NoCredentialsError|Unable to locate credentials|[Aa]nonymous caller")
 _GONE_CODES = {"NoSuchBucket", "ContainerNotFound", "ContainerBeingDeleted"}
 _GONE_TEXT = re.compile(
@@ -111,7 +113,12 @@ def refused(exc: BaseException, url: str, what: str) -> str | None:
             f"{head}: the store does not accept the credentials in use (an unknown key, a wrong secret, an expired "
             f"token?): check which credentials tidal is given, in {where} ({said})"
         )
-    denied = codes & _DENIED_CODES or 403 in statuses or any(isinstance(e, PermissionError) for e in _chain(exc))
+    denied = (
+        codes & _DENIED_CODES
+        or 403 in statuses
+        or any(isinstance(e, PermissionError) for e in _chain(exc))
+        or _DENIED_TEXT.search(text)
+    )
     if not denied:
         return None
     verb = _VERBS.get(what.split(" ", 1)[0], "read")

@@ -8,8 +8,11 @@ segment holding the rows asked for (at most ``SEGMENT_ROWS`` rows, one kept in m
 so opening at any row costs one segment, never the file up to it.
 
 Column types are inferred once, at scan, from the whole file (Arrow's inference; a column
-whose values do not all convert is read as strings), so every segment of every reader parses
-to the same schema. A row with the wrong number of fields is a
+whose values do not all convert is text, and so is a column of numbers whose text a number
+would not give back: ``01234``, ``+1555``, ``0x1F``), and the dataset's type of each column is
+agreed over its files (:func:`agree`: the type they share; integers and floats, float64; else
+text), or declared (``format_options={"column_types": {"zip": "string"}}``), so every segment
+of every file parses to the dataset's one schema. A row with the wrong number of fields is a
 :class:`~tidal.errors.RecordError` naming the file and line, or is dropped under
 ``errors="skip"``; a value that does not convert to its column's type fails its whole
 segment the same way.
@@ -167,15 +170,22 @@ def _holds(data: Any, parse: pc.ParseOptions, field: pa.Field) -> pa.DataType:
     if pa.types.is_string(field.type) or pa.types.is_null(field.type):
         return field.type
     try:
-        pc.read_csv(
-            pa.py_buffer(data),
-            read_options=pc.ReadOptions(use_threads=False, block_size=1 << 26),
-            parse_options=parse,
-            convert_options=pc.ConvertOptions(column_types={field.name: field.type}, include_columns=[field.name]),
-        )
+        for _ in _column_batches(data, parse, {field.name: field.type}):
+            pass
     except pa.ArrowInvalid:
         return pa.string()
     return field.type
+
+
+def _column_batches(data: Any, parse: pc.ParseOptions, types: dict[str, pa.DataType]) -> Any:
+    """The batches of the columns ``types`` names, of those types, a block (64 MiB) at a time:
+    the memory of one block, whatever the file's size."""
+    return pc.open_csv(
+        pa.BufferReader(pa.py_buffer(data)),
+        read_options=pc.ReadOptions(use_threads=False, block_size=1 << 26),
+        parse_options=parse,
+        convert_options=pc.ConvertOptions(column_types=types, include_columns=list(types)),
+    )
 
 
 # Text a number does not give back: a leading zero ("007", "-01", "00.5": ZIP codes, IDs), a
@@ -186,17 +196,20 @@ _LOSSY = r"^\s*(?:\+|-?0[0-9xXbBoO_])"
 def _lossy(data: Any, parse: pc.ParseOptions, numeric: list[str]) -> set[str]:
     """The columns of ``numeric`` (inferred as numbers) some of whose text a number would not
     give back: read as text, so that ``01234`` stays ``"01234"``."""
+    found: set[str] = set()
     if not numeric:
-        return set()
+        return found
+    for batch in _column_batches(data, parse, dict.fromkeys(numeric, pa.string())):
+        found.update(n for n in numeric if n not in found and _any_lossy(batch.column(n)))
+        if len(found) == len(numeric):
+            break
+    return found
+
+
+def _any_lossy(values: pa.Array) -> bool:
     import pyarrow.compute as compute
 
-    table = pc.read_csv(
-        pa.py_buffer(data),
-        read_options=pc.ReadOptions(use_threads=False, block_size=1 << 26),
-        parse_options=parse,
-        convert_options=pc.ConvertOptions(column_types=dict.fromkeys(numeric, pa.string()), include_columns=numeric),
-    )
-    return {n for n in numeric if compute.any(compute.match_substring_regex(table.column(n), _LOSSY)).as_py()}
+    return bool(compute.any(compute.match_substring_regex(values, _LOSSY)).as_py())
 
 
 def column_types(options: Options | None) -> dict[str, pa.DataType]:

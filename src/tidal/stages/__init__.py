@@ -160,7 +160,9 @@ class Needed:
         raise self._typo(ended=False) from error
 
     def _has(self, recs: list[Any]) -> bool:
-        self.seen = any(isinstance(r, dict) and self.column in r for r in recs)
+        """Whether a record of ``recs`` has the column (then :attr:`seen`)."""
+        if any(isinstance(r, dict) and self.column in r for r in recs):
+            self.seen = True
         return self.seen
 
     def _typo(self, ended: bool) -> SchemaError:

@@ -23,7 +23,7 @@ from tidal.stages import Stage, walk
 from tidal.stages.batch import Batch
 from tidal.stages.mix import Schedule
 from tidal.stages.mix import mix as mix_stage
-from tidal.stages.plan import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK
+from tidal.stages.plan import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, Opening
 from tidal.stages.read import Read, ReadPlan, Repeat, Shuffle
 from tidal.stages.tokenize import Tokenize
 from tidal.stages.transform import Filter, Map
@@ -148,6 +148,7 @@ class Dataset:
             options=dict(options),
             given={"src": _given(found.src), "format": format, "follow_links": follow_links},
             indexed=found.indexed,
+            opening=Opening(found.downloaded),
         )
         self._init(Read(plan))
 

@@ -130,6 +130,15 @@ def _first_weights(stage: Stage) -> dict[str, float]:
     return {}
 
 
+def _opening(stage: Stage) -> dict:
+    """What opening the sources of ``stage`` brought over the network in this process (the files
+    indexing downloaded to count them), counted as ``bytes_downloaded`` by the first loader made
+    of them (:class:`tidal.stages.plan.Opening`): the readers then find those files in the
+    cache, and count none of it."""
+    total = sum(plan.opening.claim() for plan in stage.sources().values())  # a source mixed twice: claimed once
+    return {"bytes_downloaded": total} if total else {}
+
+
 class Meter:
     """The training process's side: what the loop received, and the readers' counters.
 
@@ -146,7 +155,7 @@ class Meter:
         self._weights = _first_weights(stage)  # per stream, the weight in force (empty: no mixture)
         self._readers: dict[int, dict] = {}  # per reader, its counters in its latest bundle (this pass)
         self._streams: dict[int, Streams] = {}  # per reader, its streams after the last batch the loop got
-        self._before: dict = {}  # readers' counters of earlier passes
+        self._before: dict = _opening(stage)  # readers' counters of earlier passes, from what opening it cost
         self._streams_before: tuple[dict[str, int], dict[str, int]] = ({}, {})
 
     def start(self) -> float:

@@ -48,7 +48,9 @@ class Resolved:
     URLs spelled out; ``[]`` for an in-memory table); ``format``: the format to read them as,
     where one is forced; ``columns``: the columns to read (a ``datasets`` object's, where it
     names them); ``storage``: the settings with the dataset's own cache directory; ``indexed``:
-    whether the shards were listed from a published index (then checked on download).
+    whether the shards were listed from a published index (then checked on download);
+    ``downloaded``: the bytes indexing it brought over the network in this process (files
+    downloaded to count their records; 0 where an index or rank 0 had the counts).
     """
 
     src: Source
@@ -57,6 +59,7 @@ class Resolved:
     columns: tuple[str, ...] | None
     storage: Storage
     indexed: bool
+    downloaded: int = 0
 
 
 def storage_settings(
@@ -110,11 +113,11 @@ def resolve_source(
     settings = storage or Storage()
     src, columns = in_order(src, columns)  # save_to_disk and LitData directories: their files, in their order
     src, fmt, columns, held = resolve_hf(src, format, columns)  # datasets objects: their files or table
-    indexed = False
+    indexed, downloaded = False, 0
     if held is not None:  # an in-memory table's shards
         shards = Shards.of(Shard(**fields) for fields in held)
     else:
-        settings, shards, indexed = open_shards(src, fmt, errors, settings, follow_links, progress)
+        settings, shards, indexed, downloaded = open_shards(src, fmt, errors, settings, follow_links, progress)
     shards = agree(shards, options)  # one type per column over the files (CSV)
     check_columns(shards, columns)
-    return Resolved(src, shards, fmt, tuple(columns) if columns is not None else None, settings, indexed)
+    return Resolved(src, shards, fmt, tuple(columns) if columns is not None else None, settings, indexed, downloaded)

@@ -233,6 +233,8 @@ def _index_remote(
             save(where, entries, data)
     finally:
         fetcher.close()
+        if sources is not None:  # what opening the dataset cost the network, for the loader's metrics
+            sources.downloaded += int(fetcher.stats.dict()["bytes_downloaded"])
     return _shards(urls, entries, [entries.at[k] for k in keys], format, errors)
 
 

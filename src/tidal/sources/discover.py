@@ -44,9 +44,10 @@ Source = Any  # a path, URL, glob or a list of them
 
 def open_shards(
     src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool, progress: bool = False
-) -> tuple[Storage, Shards, bool]:
+) -> tuple[Storage, Shards, bool, int]:
     """``(storage with the dataset's cache directory, its shards, whether they were listed from a
-    published index)``; ``progress``: a bar on stderr of the files indexed (by the rank that lists)."""
+    published index, the bytes indexing them brought over the network here)``; ``progress``: a bar
+    on stderr of the files indexed (by the rank that lists)."""
     entries = [src] if isinstance(src, (str, bytes)) or not isinstance(src, Sequence) else list(src)
     job = _job_store() if any(is_remote(str(e)) for e in entries) else None
     if job is None:
@@ -75,12 +76,12 @@ def open_shards(
     if shards_indexed is None:
         return _open(src, format, errors, storage, follow_links)
     shards, indexed = shards_indexed
-    return storage.for_files(shards.paths), shards, indexed
+    return storage.for_files(shards.paths), shards, indexed, 0
 
 
 def _open(
     src: Source, format: str | None, errors: Errors, storage: Storage, follow_links: bool, progress: bool = False
-) -> tuple[Storage, Shards, bool]:
+) -> tuple[Storage, Shards, bool, int]:
     sources = Sources()
     found = listing(src, storage, follow_links, format=format, sources=sources)
     storage = storage.for_files(found)  # the default cache directory: keyed by the dataset's URL
@@ -89,7 +90,7 @@ def _open(
         shards = index(list(found), format, errors, storage, found, progress=bar.update, sources=sources)
     finally:
         bar.close()
-    return storage, shards, any(s is not None and s.indexed for s in found.values())
+    return storage, shards, any(s is not None and s.indexed for s in found.values()), sources.downloaded
 
 
 def _job_store() -> tuple[Any, int] | None:

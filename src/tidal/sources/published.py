@@ -84,6 +84,7 @@ class Sources:
     def __init__(self) -> None:
         self.found: dict[str, Published | None] = {}
         self.roots: list[tuple[str, str]] = []  # (root, index URL)
+        self.downloaded = 0  # bytes indexing brought over the network (files counted, indexes read)
 
     def target(self, urls: list[str]) -> tuple[str, str] | None:
         """The root above every one of ``urls``, and where what is counted of them is published

@@ -142,7 +142,8 @@ class BlockReader:
         self._block_index = -1
         self._block: Block | None = None
         self.rows_read = 0  # rows read from files, yielded or not: what a resume costs
-        self.bytes_read = 0  # their bytes: each file's bytes in proportion to the rows read of it
+        self.bytes_read = 0  # their bytes: each file's (of the columns read) in proportion to the rows read of it
+        self._read_sizes: np.ndarray | None = None  # per shard, the bytes a read of all its rows reads
         self.skipped = 0  # bad records of this reader's share dropped under errors="skip"
         self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
@@ -198,7 +199,7 @@ class BlockReader:
         shards = self._plan.shards
         for (s, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
             self.rows_read += z - a
-            size, n = int(shards.bytes[s]), max(1, int(shards.rows[s]))
+            size, n = int(self._read_size(s)), max(1, int(shards.rows[s]))
             self.bytes_read += size * z // n - size * a // n  # slices of a whole file add up to its size
             if length(piece.table):
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
@@ -238,6 +239,21 @@ class BlockReader:
             pa.default_memory_pool().release_unused()  # a call costs ~2 ms, too much for every small block
             self._arrow_loaded = 0
         return self._block
+
+    def _read_size(self, shard: int) -> int:
+        """The bytes of shard ``shard`` a read of all its rows reads: where only some columns are
+        read and the index knows each column's bytes (Parquet's column chunks), theirs; else the
+        file's. What ``bytes_read`` counts, in proportion to the rows read."""
+        if self._read_sizes is None:
+            shards, columns = self._plan.shards, self._plan.columns
+            sizes = shards.bytes.copy()
+            if columns is not None:
+                for i, info in enumerate(shards.infos):
+                    chunks = info.get("column_bytes")
+                    if chunks:
+                        sizes[i] = sum(int(chunks.get(c, 0)) for c in columns)
+            self._read_sizes = sizes
+        return int(self._read_sizes[shard])
 
     def _read_slices(self, slices: list[tuple[int, int, int]]) -> Iterator[Piece]:
         """Each slice's rows, in order. Where decoding releases the GIL and the reader has threads

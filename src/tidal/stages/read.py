@@ -279,7 +279,7 @@ class ReadIterator(StageIterator):
         self._whole_epoch = self._offset == 0  # whether this iterator saw the epoch from its start
 
     def stats(self) -> dict:
-        """``rows_read`` and ``bytes_read`` (each file's bytes in proportion to its rows read); ``skipped``: records dropped as bad (their positions still count);
+        """``rows_read`` and ``bytes_read`` (each file's bytes, of the columns read, in proportion to its rows read); ``skipped``: records dropped as bad (their positions still count);
         ``bad_files``: files dropped whole because the index could not read them (counted
         by the first reader) or found truncated or corrupt while reading (by each reader
         that found it); ``passed``; and the remote counters."""

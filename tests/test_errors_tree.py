@@ -26,10 +26,6 @@ Site = tuple[str, str, str]  # (file under src/tidal, enclosing function, what i
 # it (``data_errors()``, ``except ValueError``) and raises the leaf that names the file and the
 # record (a RecordError, a FormatError), or falls back.
 INTERNAL: dict[Site, tuple[int, str]] = {
-    ("formats/_json.py", "_constant", "ValueError"): (1, "the JSON parser: jsonl/webdataset/mds make it a RecordError"),
-    ("formats/_json.py", "_float", "ValueError"): (1, "the JSON parser"),
-    ("formats/_json.py", "_check_strings", "ValueError"): (1, "the JSON parser"),
-    ("formats/_json.py", "loads_stdlib", "ValueError"): (3, "the JSON parser"),
     ("formats/arrow.py", "ArrowReader._batch", "ValueError"): (2, "caught in _batch: a RecordError for the batch"),
     ("formats/litdata.py", "Chunk._inflate", "ValueError"): (3, "a zstd frame: caught in read(): a RecordError"),
     ("formats/litdata.py", "Chunk._frame", "ValueError"): (1, "a zstd frame: caught in read(): a RecordError"),
@@ -128,7 +124,7 @@ def test_the_base_and_bare_value_and_type_errors_are_raised_only_where_listed() 
 def test_the_scan_sees_the_sites() -> None:
     """The scan finds what it looks for (a scan that found nothing would pass the test above)."""
     found = _sites()
-    assert found[("formats/_json.py", "loads_stdlib", "ValueError")] == 3
+    assert found[("formats/mds.py", "MdsReader._sample", "ValueError")] == 2
     assert found[("transport/rings.py", "_reused", "TidalError")] == 1
 
 

@@ -95,6 +95,49 @@ def test_skip_drops_bad_records_and_keeps_the_rest(tmp_path: Path) -> None:
     assert sorted(i for b in shuffled for i in b["id"].tolist()) == [0, 2, 4]
 
 
+# Lines orjson refuses, each with the words its RecordError gives.
+BAD_JSON = [
+    (b'{"id": 2,,}', "unexpected character, expected a string key: line 1 column 10"),
+    (b'{"id": NaN}', "unexpected character, expected a JSON value"),
+    (b'{"id": -Infinity}', "no digit after sign"),
+    (b'{"id": 1e400}', "number is infinity when parsed as double"),
+    (b'{"id": ' + b"7" * 400 + b"}", "number is infinity when parsed as double"),
+    (b'{"id": "\\ud800"}', "no low surrogate in string"),
+    (b'{"id": "\xff"}', "not UTF-8: invalid start byte at byte 8"),
+    (b'{"id": "\xed\xa0\x80"}', "not UTF-8: invalid continuation byte at byte 8"),
+    (b"[" * 1025 + b"]" * 1025, "depth limit exceeded"),
+    (b"{'id': 3}", "unexpected character, expected a string key"),
+]
+
+
+@pytest.mark.parametrize(("line", "why"), BAD_JSON, ids=range(len(BAD_JSON)))
+def test_a_json_line_orjson_refuses_names_file_line_and_why(tmp_path: Path, line: bytes, why: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    good = [b'{"id": %d, "n": %d}' % (i, 10**i) for i in range(25)]
+    path.write_bytes(b"\n".join([*good[:5], line, *good[5:]]) + b"\n")
+    with pytest.raises(tidal.RecordError) as err:
+        list(tidal.Dataset(path))
+    assert str(err.value).startswith(f"{path}, line 6: malformed JSON record: {why}"), str(err.value)
+    assert (err.value.path, err.value.line) == (str(path), 6)
+    assert [r["id"] for r in tidal.Dataset(path, errors="skip")] == list(range(25))
+
+
+def test_json_numbers_past_64_bits_are_the_nearest_float_and_deep_nesting_reads(tmp_path: Path) -> None:
+    path = tmp_path / "n.jsonl"
+    path.write_bytes(
+        b'{"big": 18446744073709551615, "low": -9223372036854775808, "over": 18446744073709551616,'
+        b' "huge": 123456789012345678901234567890, "deep": ' + b"[" * 1023 + b"]" * 1023 + b"}\n"
+    )
+    (rec,) = tidal.Dataset(path)
+    assert (rec["big"], rec["low"]) == (2**64 - 1, -(2**63)) and isinstance(rec["big"], int)
+    assert rec["over"] == 2.0**64 and isinstance(rec["over"], float)
+    assert rec["huge"] == float(123456789012345678901234567890)
+    deep = rec["deep"]
+    for _ in range(1022):
+        deep = deep[0]
+    assert deep == []
+
+
 def test_non_utf8_text_line_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     path.write_bytes(b"good\nbad \xff\xfe byte\nfine\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tidal
-from tidal.formats import _json
+from tidal.formats import jsonl
 from tidal.testing import assert_resumes_exactly, read_partitioned
 
 BAD = {13, 77, 78, 300, 511}  # ids whose line is broken
@@ -41,13 +41,13 @@ def write(tmp_path: Path, files: int = 4, rows: int = 160, bad: set[int] = BAD) 
 def test_a_blocks_first_batch_parses_only_its_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(tmp_path, bad=set())
     parsed = Counter[int]()
-    loads = _json.loads
+    loads = jsonl.loads
 
     def counting(data):  # type: ignore[no-untyped-def]
         parsed["lines"] += 1
         return loads(data)
 
-    monkeypatch.setattr(_json, "loads", counting)
+    monkeypatch.setattr(jsonl, "loads", counting)
     it = tidal.Dataset(tmp_path).shuffle(seed=3, block_size=400).batch(8).iterator()
     first = next(it)
     assert len(first["id"]) == 8 and parsed["lines"] == 8  # not the block's 400

@@ -11,8 +11,10 @@ The source stage holds a block as its lines (:meth:`JsonlReader.unparsed`) and p
 batch as it is cut (:func:`parse`, ``PARSED_PER_BATCH``): a bad line meets the policy when the
 batch that holds it is made, by the reader that yields it.
 
-Lines are parsed with orjson when it is installed (``tidal[fast]``) and with the standard
-library otherwise: the same records and the same errors either way (:mod:`tidal.formats._json`).
+Lines are parsed with orjson (a core dependency), by its rules: UTF-8 only (no byte order
+mark, no lone surrogate, raw or escaped), no ``NaN`` or ``Infinity``, no number past a double's
+range, arrays and objects nested at most 1,024 deep, each a bad line. An integer outside
+``[-2**63, 2**64)`` is read as the nearest float.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from orjson import loads
 
 from tidal.errors import RecordError
-from tidal.formats import Errors, Options, Piece, _json, bad
+from tidal.formats import Errors, Options, Piece, bad
 from tidal.formats.lines import LineReader, scan
 from tidal.tables import Unparsed
 
@@ -42,7 +45,7 @@ def parse(
     exactly those fields; ``(index, why)`` of each line that is not one; and of the columns
     asked for that no record has, the index of the first record and its fields."""
     try:  # the common case at C speed: every line an object with the fields asked for, in order
-        records = list(map(_json.loads, rows))
+        records = list(map(loads, rows))
     except ValueError:
         pass
     else:
@@ -52,12 +55,11 @@ def parse(
     bad_rows: list[tuple[int, str]] = []
     missed: dict[str, tuple[int, str]] = {}  # columns some record lacked: where first
     found: set[str] = set()  # columns some record had
-    loads = _json.loads
     for i, data in enumerate(rows):
         try:
             rec = loads(data)
-        except ValueError as exc:  # orjson's JSONDecodeError and the standard library's are ValueErrors
-            bad_rows.append((i, f"malformed JSON record: {_json.reason(data, exc)}"))
+        except ValueError as exc:  # orjson's JSONDecodeError
+            bad_rows.append((i, f"malformed JSON record: {reason(data, exc)}"))
             continue
         if not isinstance(rec, dict):
             bad_rows.append((i, f"malformed JSON record: expected a JSON object, got {type(rec).__name__}"))
@@ -73,6 +75,17 @@ def parse(
             found.update(columns)
         kept.append(rec)
     return kept, bad_rows, {c: where for c, where in missed.items() if c not in found}
+
+
+def reason(data: bytes | memoryview, exc: ValueError) -> str:
+    """Why orjson refused ``data``: its words, but where the bytes are not UTF-8, which byte
+    (orjson names column 1 and, for any bad byte, surrogates)."""
+    if "not valid UTF-8" in str(exc):
+        try:
+            bytes(data).decode()
+        except UnicodeDecodeError as bad_byte:
+            return f"not UTF-8: {bad_byte.reason} at byte {bad_byte.start}"
+    return str(exc)
 
 
 class JsonlReader:

@@ -39,9 +39,10 @@ from decimal import Decimal
 from typing import Any
 
 import numpy as np
+import orjson
 
 from tidal.errors import FormatError, RecordError, SchemaError, needs
-from tidal.formats import Errors, Options, Piece, _json, bad, check_options, data_errors, source
+from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "mds"
@@ -272,7 +273,7 @@ class MdsReader:
         if encoding == "str_decimal":
             return Decimal(data.decode())
         if encoding == "json":
-            return _json.loads(data)
+            return orjson.loads(data)
         if encoding in UNSAFE:
             return pickle.loads(data)  # refused at open unless allow_pickle
         # images

@@ -39,9 +39,10 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 import numpy as np
+import orjson
 
 from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Options, Piece, _json, bad, data_errors, source
+from tidal.formats import Errors, Options, Piece, bad, data_errors, source
 from tidal.formats.binary import npy_header, open_stream
 from tidal.formats.codecs import open_stream as open_decompressed
 
@@ -65,7 +66,7 @@ def decode(field: str, data: bytes) -> Any:
     if ext in ("txt", "text"):
         return data.decode()
     if ext == "json":
-        return _json.loads(data)
+        return orjson.loads(data)
     if ext in ("cls", "cls2", "index"):
         return int(data.decode().strip())
     if ext == "npy":

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from orjson import loads  # an index of a million shards is 150 MB of JSON: several times faster than json
 
 from tidal import env
 from tidal.errors import StorageError
@@ -35,12 +36,6 @@ def index_path(root: str) -> Path:
         return local
     digest = hashlib.sha1(root.encode()).hexdigest()[:16]
     return env.cache_dir() / "index" / f"{digest}.json"
-
-
-try:  # an index of a million shards is 150 MB of JSON: orjson reads it several times faster
-    from orjson import loads
-except ImportError:
-    loads = json.loads  # type: ignore[assignment]
 
 
 class locked:

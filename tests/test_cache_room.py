@@ -15,7 +15,7 @@ import fsspec
 import numpy as np
 import pytest
 from conftest import make_shards
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from s3_server import S3Server
 
@@ -161,7 +161,7 @@ class Held:
 _names = itertools.count()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None)
 @given(
     rows=st.lists(st.integers(0, 60), min_size=2, max_size=12),
     seed=st.integers(0, 10**6),
@@ -171,7 +171,6 @@ _names = itertools.count()
     first_epoch=st.integers(0, 20),
 )
 def test_what_every_reader_holds_in_the_cache_over_its_epochs_is_within_the_bound(
-    monkeypatch: pytest.MonkeyPatch,
     rows: list[int],
     seed: int,
     block_size: int,
@@ -199,12 +198,13 @@ def test_what_every_reader_holds_in_the_cache_over_its_epochs_is_within_the_boun
         plan = ds.sources()[""]
         cached = [footprint(int(b)) for b in plan.shards.bytes]
         bound = room(plan.shards.rows, plan.shards.bytes, cached, block_bytes=plan.block_bytes, **shuffle)
-        held = Held(monkeypatch)
         got: list[int] = []
-        for worker in range(workers):
-            it = ds.iterator(World(0, 1, worker, workers), first_epoch=first_epoch)
-            got += [int(r["id"]) for r in it]
-            it.close()
+        with pytest.MonkeyPatch.context() as patch:
+            held = Held(patch)
+            for worker in range(workers):
+                it = ds.iterator(World(0, 1, worker, workers), first_epoch=first_epoch)
+                got += [int(r["id"]) for r in it]
+                it.close()
         assert len(got) == 3 * (sum(rows) // workers) * workers
         assert held.peak and max(held.peak.values()) <= bound.per_reader
     finally:

@@ -54,7 +54,11 @@ def planned(s3: S3Server, url: str, cache: Path, workers: int, capsys: pytest.Ca
     found = re.search(r"tidal needs a cache_limit of at least ([\d,]+) bytes", text)
     assert found is not None, text
     assert "up to 20 (shuffle(block_size=1,600) sets it, not shards_per_block=4" in text, text
-    return int(found.group(1).replace(",", ""))
+    need = int(found.group(1).replace(",", ""))
+    for limit, verdict in [(need - 1, "is too small: tidal refuses it before the first batch"), (need, ": enough")]:
+        assert main([*args, "--cache-limit", str(limit)]) == 0
+        assert verdict in capsys.readouterr().out
+    return need
 
 
 def run(ds: tidal.Dataset, workers: int) -> list[int]:

@@ -20,7 +20,7 @@ TORCH := torch==2.13.0
 AZURITE := requirements/azurite
 AZURITE_STAMP := $(VENV)/azurite/.installed
 
-.PHONY: demo test lint docs wheel-check bench lock clean
+.PHONY: demo test conformance lint docs wheel-check bench lock clean
 
 # Python writes the bytecode of what it imports, once, into .venv: where PYTHONDONTWRITEBYTECODE is
 # set (CI's machines), every process would compile torch, JAX and transformers from source again,
@@ -58,6 +58,18 @@ TEST_PROCESSES ?= 2
 
 test: lint
 	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile
+
+# The conformance matrix (tests/conformance, docs/conformance.md) beyond the sample `make test` runs:
+# CELLS cells drawn from the seeds SEED, SEED+1, ... (default: a new SEED, printed first). A failing
+# cell prints the command that runs it alone: `make conformance CELLS=1 SEED=<its seed>`.
+CELLS ?= 100
+ifeq ($(origin SEED), undefined)
+SEED := $(shell $(PYTHON) -c 'import random; print(random.randrange(10**6))')
+endif
+
+conformance: $(STAMP)
+	@echo "conformance: $(CELLS) cells from seed $(SEED)"
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist load tests/conformance --cells $(CELLS) --seed $(SEED)
 
 # the documentation site (mkdocs.yml): docs/ and an API reference made from the docstrings, into
 # site/; --strict: a broken link or anchor, a page out of the nav or a docstring that does not

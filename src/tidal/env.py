@@ -11,6 +11,11 @@
   shared memory (:mod:`tidal.transport.rings`).
 - ``TIDAL_WARMUP_WORKERS``: how many DataLoader workers of a rank make their first batch at
   once (:mod:`tidal.transport.warmup`; default: the rank's share of the cores).
+- ``TIDAL_START_EARLY=0``: loaders start reading when iterated, not when built or given a state
+  (the default of their ``start_early=``; see :mod:`tidal.transport.early`).
+- ``LOCAL_RANK``, ``SLURM_NTASKS``, ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``: a launcher started
+  this process as one of several; without ``RANK``/``WORLD_SIZE`` its rank is known only once its
+  process group is, so a loader does not start reading before it is iterated.
 """
 
 from __future__ import annotations
@@ -33,6 +38,23 @@ def ranks() -> tuple[int, int] | None:
     if not 0 <= r < n:
         raise ConfigError(f"RANK={r} is outside WORLD_SIZE={n}")
     return r, n
+
+
+def one_of_several() -> bool:
+    """Whether a launcher's variables say this process is one of several (torchrun's
+    ``LOCAL_RANK``; SLURM, Open MPI or PMI tasks above 1), whatever ``RANK`` says."""
+    if os.environ.get("LOCAL_RANK", "").strip():
+        return True
+    for name in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 1:
+            return True
+    return False
+
+
+def start_early() -> bool:
+    """Whether loaders start reading when built or given a state (not ``TIDAL_START_EARLY=0``)."""
+    return os.environ.get("TIDAL_START_EARLY", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def share_tokenizer_threads(workers: int) -> None:

@@ -23,12 +23,20 @@ multi-process JAX, ``state_dict()`` gathers every process's part (``process_allg
 the JSON bytes), so every process returns the same dict: call it on every process at the
 same step, as any collective.
 
+The readers start when the loader is built and when it is given a state (``start_early``),
+where the processes can be known then without starting JAX's backends (they run already, or
+``jax.distributed`` is initialized): ``iter()`` takes that start only if it would start from
+the same place itself, and else stops it and starts afresh.
+
 This module needs JAX, not torch, and is imported only when used.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import sys
 import time
 import weakref
 from collections.abc import Generator, Iterator, Mapping
@@ -46,19 +54,22 @@ try:
 except ImportError as exc:
     raise missing("jax", "tidal.jax", exc, "jax") from None
 
+from tidal import env
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, TidalError
 from tidal.metrics import Meter
 from tidal.stages import weights as live
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
-from tidal.state.ledger import Ledger
+from tidal.state.ledger import Ledger, Start
 from tidal.transport.bundles import numeric, round_robin, side_by_side, steps
 from tidal.transport.jax import int32_ids
-from tidal.transport.pool import Ahead, Pool, WorkerType
+from tidal.transport.pool import Ahead, HeadStart, Pool, WorkerType
 from tidal.world import World
 
 __all__ = ["Loader", "data_sharding"]
+
+_log = logging.getLogger("tidal")
 
 
 def data_sharding(axis: str = "data") -> NamedSharding:
@@ -95,6 +106,11 @@ class Loader:
     guard). ``prefetch``: batches put on the devices ahead of the loop (0: when asked for).
     ``batch_size=n`` is a shortcut for ``dataset.batch(n)``.
 
+    ``start_early`` (default: True, or ``TIDAL_START_EARLY=0``'s False): start the readers now,
+    and again at ``load_state_dict``, not at the first ``iter()``, where the processes can be
+    known now (JAX's backends run, or ``jax.distributed`` is initialized: asking earlier would
+    start them); the batches are those of a loader started when iterated, always.
+
     Iterating goes on from the last batch consumed; after a complete pass over a finite dataset
     the next pass reads the next epochs. Under multi-process JAX, a finite pass whose readers may
     end unevenly (filters, packing, a mixture that stops) ends on the same step for every process,
@@ -110,6 +126,7 @@ class Loader:
         worker_type: WorkerType = "thread",
         prefetch: int = 2,
         batch_size: int | None = None,
+        start_early: bool | None = None,
     ):
         if not isinstance(dataset, Dataset):
             raise ArgumentError(f"tidal.jax.Loader takes a tidal.Dataset, not {type(dataset).__name__}")
@@ -126,6 +143,8 @@ class Loader:
         for name, value in (("num_workers", num_workers), ("prefetch", prefetch)):
             if not isinstance(value, int) or value < 0:
                 raise ArgumentError(f"{name} must be a non-negative int, not {value!r}")
+        if start_early is not None and not isinstance(start_early, bool):
+            raise ArgumentError(f"start_early must be True, False or None (TIDAL_START_EARLY), not {start_early!r}")
         self.dataset = dataset
         self.batch_size = dataset.stage.size
         self._sharding = sharding
@@ -136,21 +155,51 @@ class Loader:
         self._ledger = Ledger(dataset, self._workers, self._ranks)  # what the loop consumed, and the state
         self._running: weakref.ref[LoaderIterator] | None = None  # the pass in progress, while it lives
         self._meter = Meter(dataset.stage)  # what the loop received, for metrics()
+        self._early_on = env.start_early() if start_early is None else start_early
+        self._early: LoaderIterator | None = None  # the readers started before iter() asked
+        self._start_early()
 
     # -- iteration -------------------------------------------------------------------
 
     def __iter__(self) -> LoaderIterator:
         """Start the readers from the last batch consumed (or the loaded state)."""
+        early, self._early = self._early, None
         self.close()
         ranks = self._ranks()
         ledger = self._ledger
         reopened = ledger.pending is not None or any(r is not None for r in ledger.readers)
         ledger.restore(ranks)
         self._meter.new_pass(reopened)
-        together = ranks.world_size > 1 and jax.process_count() > 1 and self.dataset.may_end_unevenly()
-        running = LoaderIterator(self, ranks, together)
+        together = self._together(ranks)
+        at = ledger.start(ranks)
+        if early is not None and early.start == at:
+            running = early
+            running.adopt(self, together)
+        else:
+            if early is not None:
+                early.abandon()
+            running = LoaderIterator(self, ranks, together, at)
         self._running = weakref.ref(running)
         return running
+
+    def _together(self, ranks: World) -> bool:
+        return ranks.world_size > 1 and jax.process_count() > 1 and self.dataset.may_end_unevenly()
+
+    def _start_early(self) -> None:
+        """Start the readers now from where the next ``iter()`` will continue (``start_early``),
+        where the processes can be known now; anything that fails is left to ``iter()``."""
+        if self._early is not None:
+            self._early.abandon()
+            self._early = None
+        if not self._early_on or not _jax_runs():
+            return
+        try:
+            if World.settled() is None:
+                return
+            ranks = self._ranks()
+            self._early = LoaderIterator(self, ranks, self._together(ranks), self._ledger.start(ranks), early=True)
+        except Exception as exc:
+            _log.debug("tidal.jax: the readers start when iterated: %s", exc)
 
     @staticmethod
     def _ranks() -> World:  # static: the ledger holds it, and no cycle back to the loader
@@ -163,18 +212,18 @@ class Loader:
             )
         return ranks
 
-    def _globalize(self, batch: Any) -> dict:
-        """This process's batch as global arrays (numeric columns) and local lists (the rest)."""
-        sharding = self._sharding if self._sharding is not None else data_sharding()
-        self._sharding = sharding
+    @staticmethod
+    def _globalize(batch: Any, sharding: Sharding, batch_size: int) -> dict:
+        """This process's batch as global arrays (numeric columns) and local lists (the rest).
+        (Static: the readers' threads hold it, and must not hold the loader, which holds them.)"""
         out = {}
         for name, value in batch.items():
             if not numeric(value):
                 out[name] = value
                 continue
-            if value.ndim == 0 or value.shape[0] != self.batch_size:
+            if value.ndim == 0 or value.shape[0] != batch_size:
                 raise TidalError(
-                    f"column {name!r}: a batch of shape {value.shape} where {self.batch_size} rows were expected; "
+                    f"column {name!r}: a batch of shape {value.shape} where {batch_size} rows were expected; "
                     "global arrays need the same batch size on every process (.batch(n, drop_last=True), the default)"
                 )
             out[name] = jax.make_array_from_process_local_data(sharding, value)
@@ -182,6 +231,9 @@ class Loader:
 
     def close(self) -> None:
         """Stop the background readers and prefetching (a later ``iter()`` starts them again)."""
+        if self._early is not None:
+            self._early.abandon()
+            self._early = None
         running = self._running() if self._running is not None else None
         if running is not None:
             running.close()
@@ -223,50 +275,73 @@ class Loader:
         with the same weights: it is no collective, and the next ``state_dict()`` (which gathers
         every process's calls) names the processes that differ in an :class:`~tidal.ArgumentError`."""
         self._ledger.set_weights(live.for_stage(self.dataset.stage, weights))
+        if self._early is not None:  # started under the old weights: again, under these
+            self._start_early()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
         was saved: batch for batch on the same number of processes and workers, and with no
         record lost or repeated within the epoch on another. A state that is not one, or not
-        this dataset's, is a :class:`~tidal.StateError` naming the key."""
+        this dataset's, is a :class:`~tidal.StateError` naming the key. With ``start_early``, the
+        readers start from there now (those started before stop)."""
         self._ledger.load(state)
         self.close()
+        self._start_early()
 
 
 class LoaderIterator(Iterator[dict]):
     """One pass of a :class:`Loader`: its readers, its prefetch thread, and the batches in order.
 
     Dropped before its end, its threads and processes stop on their own (nothing they hold
-    refers back to it); ``close()`` stops them and waits.
+    refers back to it); ``close()`` stops them and waits. Started ``early`` (before ``iter()``),
+    it holds its loader weakly until ``iter()`` adopts it, so a loader dropped unused stops it.
     """
 
-    def __init__(self, loader: Loader, ranks: World, together: bool):
-        self._loader = loader
+    def __init__(self, loader: Loader, ranks: World, together: bool, at: Start, early: bool = False):
+        self._held: Loader | None = None if early else loader
+        self._weak = weakref.ref(loader)
         self._ranks = ranks
         self._together = together
         self._done = False
-        self._start()
+        self._start(at, early)
 
-    def _start(self) -> None:
-        """The readers from the ledger's reader states, under the weights set last."""
-        loader, ledger = self._loader, self._loader._ledger
-        self._changes = ledger.changes
+    @property
+    def _loader(self) -> Loader:
+        loader = self._held if self._held is not None else self._weak()
+        assert loader is not None  # (adopted before its first batch, while the loader lives)
+        return loader
+
+    def adopt(self, loader: Loader, together: bool) -> None:
+        """``iter()`` takes this pass, started early: from now on it holds its loader."""
+        self._held, self._together = loader, together
+
+    def _start(self, at: Start, early: bool = False) -> None:
+        """The readers from ``at``'s reader states, under its weights. ``early``, with neither
+        readers nor prefetching in the background, the first batch is made in a thread now."""
+        loader = self._loader
+        self.start = at
+        self._changes = at.changes
         self._pool = Pool(
             loader.dataset,
             self._ranks,
-            ledger.readers,
-            ledger.first_epoch(),
-            ledger.origin,
+            at.readers,
+            at.first_epoch,
+            at.origin,
             workers=loader._num_workers,
             worker_type=loader._worker_type,
             widen=int32_ids,
-            weights=ledger.weights,
+            weights=at.weights,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
-        made = _made(self._pool, loader._workers, ledger.next_worker, loader._globalize, split, loader._meter)
-        self._source: Ahead[tuple[list, int, dict]] | Generator[tuple[list, int, dict]] = (
-            Ahead(made, loader._prefetch, "tidal-jax-prefetch") if loader._prefetch else made
-        )
+        if loader._sharding is None:
+            loader._sharding = data_sharding()
+        globalize = functools.partial(Loader._globalize, sharding=loader._sharding, batch_size=loader.batch_size)
+        made = _made(self._pool, loader._workers, at.next_worker, globalize, split, loader._meter)
+        self._source: Ahead[tuple[list, int, dict]] | HeadStart[tuple[list, int, dict]] | Generator = made
+        if loader._prefetch:
+            self._source = Ahead(made, loader._prefetch, "tidal-jax-prefetch")
+        elif early and not loader._num_workers:
+            self._source = HeadStart(made, 1, "tidal-jax-head-start")
 
     def __next__(self) -> dict:
         if self._done:
@@ -277,7 +352,7 @@ class LoaderIterator(Iterator[dict]):
             self._source.close()
             self._pool.close()
             meter.new_pass(reopened=True)
-            self._start()
+            self._start(self._loader._ledger.start(self._ranks))
         try:
             parts, tokens, batch = next(self._source)
         except StopIteration:
@@ -308,6 +383,30 @@ class LoaderIterator(Iterator[dict]):
         self._done = True
         self._source.close()
         self._pool.close()
+
+    def abandon(self) -> None:
+        """Stop this pass, started early for a start that no longer holds, without waiting:
+        reader processes are killed now, threads end after the batch they are making."""
+        if self._done:
+            return
+        self._done = True
+        if isinstance(self._source, Ahead):
+            self._source.stop()
+        else:
+            self._source.close()
+        self._pool.close(wait=False)
+
+
+def _jax_runs() -> bool:
+    """Whether JAX's backends run or ``jax.distributed`` is initialized: the processes can be
+    asked for then without starting the backends (``jax.distributed.initialize`` refuses to run
+    after)."""
+    ready = getattr(jax.distributed, "is_initialized", None)
+    if ready is not None and ready():
+        return True
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    up = getattr(bridge, "backends_are_initialized", None)
+    return bool(up is not None and up())
 
 
 def _made(

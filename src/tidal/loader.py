@@ -19,10 +19,17 @@ after it, which counts only when the batch reaches the training loop.
 
 ``set_weights`` (a mixture's weights, live) restarts the workers from the state after the
 last batch the loop received, so no batch read ahead under the old weights is served.
+
+The workers start when the loader is built and again when it is given a state
+(``start_early``, :meth:`DataLoader._start_early`), not at the first ``iter()``: the first
+batches are on their way while the script restores its model. ``iter()`` takes that start only
+if it is where it would start itself: the same ranks (read again then) and the same position
+and weights; else it drops it (its workers killed at once) and starts afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -33,7 +40,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from tidal.errors import missing
 
@@ -51,12 +58,12 @@ from tidal.metrics import Mark, Meter
 from tidal.stages import weights as live
 from tidal.stages.continuous import shared_rows
 from tidal.state import schema
-from tidal.state.ledger import Ledger
+from tidal.state.ledger import Ledger, Start
 from tidal.transport import orphans, rings, warmup
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
-from tidal.transport.pool import Ahead
+from tidal.transport.pool import Ahead, HeadStart
 from tidal.transport.recycle import RECYCLED
-from tidal.transport.torch import TorchBundle, as_tensors, widen
+from tidal.transport.torch import TorchBundle, abandon, as_tensors, widen
 from tidal.world import World
 
 _log = logging.getLogger("tidal")
@@ -82,6 +89,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.slots = 0  # slots in each
         self.warmup: warmup.WarmupGate | None = None  # the order workers make their first batch in; None: all at once
         self.loop: int | None = None  # the process starting the workers now, which they outlive no longer
+        self.head_start = 0  # no workers, started early: the first bundles made in a thread from now on
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -95,7 +103,9 @@ class _WorkerStream(torch.utils.data.IterableDataset):
             orphans.exit_with(self.loop)
         if self.bundled:
             made = self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
-            return self.warmup.gated(made, worker) if self.warmup is not None and info is not None else made
+            if info is None:
+                return HeadStart(made, self.head_start) if self.head_start else made
+            return self.warmup.gated(made, worker) if self.warmup is not None else made
         return (as_tensors(item) for item in it)
 
     def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle | _WorkerError]:
@@ -230,6 +240,15 @@ class DataLoader(torch.utils.data.DataLoader):
     handed to the loop, so a loop that waits longer logs less often (logger ``tidal``, level
     INFO; None, the default: never).
 
+    ``start_early`` (default: True, or ``TIDAL_START_EARLY=0``'s False): start the workers and
+    their first batches now, and again at ``load_state_dict``, not at the first ``iter()``, so that
+    the time the script spends restoring its model hides the first batch. This happens only where
+    the ranks can be known before iteration (a process group initialized, ``RANK``/``WORLD_SIZE``
+    set, or no launcher's variables: one process); ``iter()`` reads them again and starts afresh
+    where they, the position or the weights differ, so the batches are always those of a loader
+    started when iterated. A loader that is never iterated (an eval loader a trainer builds
+    ahead) holds its workers and their first batches until it is dropped: ``start_early=False``.
+
     Other keyword arguments go to ``torch.utils.data.DataLoader``,
     ``multiprocessing_context="spawn"`` included.
     """
@@ -249,12 +268,15 @@ class DataLoader(torch.utils.data.DataLoader):
         device: Any = None,
         prefetch_to_device: int = 0,
         log_every: float | None = None,
+        start_early: bool | None = None,
         **kwargs: Any,
     ):
         if not isinstance(dataset, Dataset):
             raise ArgumentError(f"tidal.DataLoader takes a tidal.Dataset, not {type(dataset).__name__}")
         if not isinstance(prefetch_to_device, int) or prefetch_to_device < 0:
             raise ArgumentError(f"prefetch_to_device must be a non-negative int, not {prefetch_to_device!r}")
+        if start_early is not None and not isinstance(start_early, bool):
+            raise ArgumentError(f"start_early must be True, False or None (TIDAL_START_EARLY), not {start_early!r}")
         batch_size = kwargs.pop("batch_size", None)
         drop_last = kwargs.pop("drop_last", False)
         if batch_size is not None:
@@ -276,7 +298,10 @@ class DataLoader(torch.utils.data.DataLoader):
         self._log_every = log_every
         self._logged = 0.0
         self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
+        self._early_on = env.start_early() if start_early is None else start_early
+        self._early: _Early | None = None  # the workers started before iter() asked
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
+        self._start_early()
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> DataLoader:
@@ -360,16 +385,21 @@ class DataLoader(torch.utils.data.DataLoader):
         ``tidal.mix``, unknown names, negative or all-zero weights are an :class:`~tidal.ArgumentError`.
         """
         self._ledger.set_weights(live.for_stage(self.tidal_dataset.stage, weights))
+        if self._early is not None:  # started under the old weights: again, under these
+            self._start_early()
 
     def load_state_dict(self, state: dict) -> None:
         """Continue, at the next ``iter()``, exactly after the last batch consumed when ``state``
         was saved: batch for batch on the same topology, and with no record lost or repeated
         within the epoch on another (see :mod:`tidal.state.elastic`). A state that is not one,
-        or not this dataset's, is a :class:`~tidal.StateError` naming the key."""
+        or not this dataset's, is a :class:`~tidal.StateError` naming the key. With
+        ``start_early``, the workers start reading from there now (those started before stop)."""
         self._ledger.load(state)
+        self._drop_early()
         if getattr(self, "_iterator", None) is not None:  # persistent workers hold the old position
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None
+        self._start_early()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ranks = World.ranks()
@@ -380,17 +410,72 @@ class DataLoader(torch.utils.data.DataLoader):
         self._stream.ranks = ranks
         self._stream.first_epoch = ledger.first_epoch()
         self._stream.origin = ledger.origin
-        self._check_pickles()
         changes = ledger.changes
-        bundles = self._start()
+        bundles = self._take_early(ledger.start(ranks)) if self._early is not None else None
+        if bundles is None:
+            self._check_pickles()
+            bundles = self._start()
         device = self._device or accelerate_device()
         together = ranks.world_size > 1 and _distributed() and self.tidal_dataset.may_end_unevenly()
         return self._round_robin(bundles, device, together, changes)
 
+    def _start_early(self) -> None:
+        """Start the workers now from where the next ``iter()`` will continue (see ``start_early``),
+        where the ranks can be known now. Anything that fails here is left to ``iter()``, which
+        raises it where it always did. A subclass whose readers are not torch's workers
+        (``tidal.ray``'s actors) starts them when iterated."""
+        self._drop_early()
+        if not self._early_on or type(self)._start is not DataLoader._start:
+            return
+        try:
+            ranks = World.settled()
+            if ranks is None:
+                return
+            at = self._ledger.start(ranks)
+            self._check_pickles()
+            stream = self._stream
+            stream.ranks, stream.first_epoch, stream.origin = at.ranks, at.first_epoch, at.origin
+            with _rng_kept(self.generator):
+                bundles, made = self._launch(at.readers, at.weights, at.next_worker, head_start=2)
+        except Exception as exc:
+            _log.debug("tidal: the workers start when iterated: %s", exc)
+            return
+        self._early = _Early(at, bundles, weakref.finalize(self, _abandoned, bundles, made))
+
+    def _take_early(self, at: Start) -> Iterator[Bundle] | None:
+        """The workers started early, if they started from ``at`` (else they are stopped)."""
+        early, self._early = self._early, None
+        if early is None or early.start != at:
+            if early is not None:
+                self._drop(early)
+            return None
+        early.dropped.detach()
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # iter()'s draw, kept in order
+        return early.bundles
+
+    def _drop_early(self) -> None:
+        early, self._early = self._early, None
+        if early is not None:
+            self._drop(early)
+
+    def _drop(self, early: _Early) -> None:
+        early.dropped()
+        if getattr(self, "_iterator", None) is early.bundles:  # persistent workers
+            self._iterator = None
+
     def _start(self) -> Iterator[Bundle]:
         """Torch's iterator over the workers, each started from the ledger's reader state."""
-        self._stream.states = self._ledger.readers
-        self._stream.weights = self._ledger.weights
+        ledger = self._ledger
+        return self._launch(ledger.readers, ledger.weights, ledger.next_worker)[0]
+
+    def _launch(
+        self, readers: list[dict | None], weights: dict | None, first: int, head_start: int = 0
+    ) -> tuple[Iterator[Bundle], list[str]]:
+        """Torch's iterator over the workers, worker ``w`` started from ``readers[w]`` under
+        ``weights``, worker ``first`` first; and the shared memory made for them. ``head_start``:
+        with no workers, the first bundles made in a thread from now on."""
+        self._stream.states = readers
+        self._stream.weights = weights
         if self.persistent_workers and getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
             self._iterator = None  # the workers must start from this state
@@ -404,9 +489,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self._stream.rings = made or []
         if self.num_workers:
             warmup.preload_forkserver(self.multiprocessing_context)
-        gate = self._stream.warmup = warmup.start_gate(
-            self.multiprocessing_context, self.num_workers, self._ledger.next_worker
-        )
+        gate = self._stream.warmup = warmup.start_gate(self.multiprocessing_context, self.num_workers, first)
+        self._stream.head_start = head_start
         try:
             bundles = super().__iter__()
         except BaseException:
@@ -417,11 +501,12 @@ class DataLoader(torch.utils.data.DataLoader):
             self._stream.rings = []
             self._stream.warmup = None
             self._stream.loop = None  # a loader rebuilt from the stream (Accelerate) starts workers of its own
+            self._stream.head_start = 0
         if made:  # the workers' rings live as long as the workers: until torch's iterator goes
             weakref.finalize(bundles, rings.release, made)
         if gate is not None:  # so does the gate: spawned workers open its semaphore as they start
             weakref.finalize(bundles, _kept, gate)
-        return bundles
+        return bundles, made or []
 
     def _check_pickles(self) -> None:
         """Workers started with spawn or forkserver receive the dataset pickled: say which
@@ -554,6 +639,34 @@ class DataLoader(torch.utils.data.DataLoader):
 
 def _kept(_: Any) -> None:
     """What a finalizer calls with what it kept alive until then."""
+
+
+class _Early(NamedTuple):
+    """Workers started before ``iter()`` asked: where from, torch's iterator over them, and what
+    stops them at once (called when dropped, or when the loader goes, or at exit)."""
+
+    start: Start
+    bundles: Iterator[Bundle]
+    dropped: weakref.finalize
+
+
+def _abandoned(bundles: Iterator[Bundle], made: list[str]) -> None:
+    abandon(bundles)
+    rings.release(made)
+
+
+@contextlib.contextmanager
+def _rng_kept(generator: torch.Generator | None) -> Iterator[None]:
+    """Torch's random state as it was: a torch iterator draws its workers' seed from it as it is
+    made, and one made early must not move the draws of the script's model building."""
+    state = generator.get_state() if generator is not None else torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        if generator is not None:
+            generator.set_state(state)
+        else:
+            torch.random.set_rng_state(state)
 
 
 def _close(source: Iterator[Any]) -> None:

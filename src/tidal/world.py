@@ -75,6 +75,22 @@ class World:
         return World(*found) if found is not None else World()
 
     @staticmethod
+    def settled() -> World | None:
+        """The ranks :meth:`ranks` reads, where they can be known before iteration starts; None
+        where a process group not yet initialized may say otherwise (a launcher's variables,
+        ``LOCAL_RANK`` or SLURM's or MPI's tasks, without ``RANK``/``WORLD_SIZE``). A loader starts
+        reading early only as these ranks, and starts afresh if :meth:`ranks` says otherwise when
+        it is iterated (a process group initialized since, from a rank of its own)."""
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                return World.ranks()
+        if _jax_processes() is not None or env.ranks() is not None or not env.one_of_several():
+            return World.ranks()
+        return None
+
+    @staticmethod
     def current() -> World:
         """The full topology of the calling process, DataLoader worker included."""
         world = World.ranks()

@@ -53,6 +53,19 @@ class Undo(NamedTuple):
     batches: int
 
 
+class Start(NamedTuple):
+    """Where a pass's readers start, as rank ``ranks``: what :meth:`Ledger.start` says they
+    would, compared when a loader started its readers before it was asked (``start_early``)."""
+
+    ranks: World
+    readers: list[ReaderState | None]  # per worker, the reader state to continue from
+    first_epoch: int
+    origin: dict | None
+    weights: dict[str, float] | None
+    next_worker: int
+    changes: int  # set_weights calls before it
+
+
 class Ledger:
     """One loader's ledger over ``dataset``, read by ``workers`` readers on each rank;
     ``ranks``: the ranks the loader reads as (``World.ranks``, or the JAX processes)."""
@@ -151,6 +164,16 @@ class Ledger:
             DatasetIterator(
                 self.dataset.stage, fingerprint, world, state, first, restored.origin, where, weights, replay=True
             ).close()
+
+    def start(self, ranks: World) -> Start:
+        """Where this rank's readers start at the next iteration as ``ranks``: the pending state as
+        :meth:`restore` will apply it, else the ledger as it is. Nothing is applied."""
+        pass_, origin, local, weights = self.pass_, self.origin, self.local, self.weights
+        if self.pending is not None:
+            restored = schema.restore(View(self.pending), ranks.rank, ranks.world_size, self.workers)
+            pass_, origin, local, weights = restored.pass_, restored.origin, restored.rank, self.pending.get(k.WEIGHTS)
+        first = pass_ * self.dataset.epochs_per_pass()
+        return Start(ranks, list(local[k.WORKERS]), first, origin, weights, local[k.NEXT_WORKER], self.changes)
 
     def restore(self, ranks: World) -> None:
         """At the start of an iteration as rank ``ranks``: apply the pending state, if any."""

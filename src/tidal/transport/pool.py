@@ -216,15 +216,25 @@ class Pool:
                 raise got.exc
             return got
 
-    def close(self) -> None:
-        """Stop the workers and wait for them (processes that do not stop in time are killed)."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers and wait for them (processes that do not stop in time are killed).
+        ``wait=False``: processes are killed now, threads end after the bundle they are making."""
         if self._closed:
             return
         self._closed = True
         if self._inline is not None:
-            self._inline.close()  # type: ignore[attr-defined]
+            if wait:  # else it may be running in a thread that stops (it is closed as it goes)
+                self._inline.close()  # type: ignore[attr-defined]
             return
         self._stop.set()
+        if not wait:
+            for worker, q in zip(self._workers, self._queues, strict=True):
+                if self._process:
+                    worker.kill()
+                    worker.join()
+                    q.close()
+                    q.join_thread()
+            return
         deadline = time.monotonic() + JOIN_S
         for worker, q in zip(self._workers, self._queues, strict=True):
             while worker.is_alive() and time.monotonic() < deadline:
@@ -286,6 +296,11 @@ class Ahead(Iterator[T], Generic[T]):
             raise got.exc
         raise StopIteration
 
+    def stop(self) -> None:
+        """Stop the thread without waiting: it lets go of ``source`` after the item it is making."""
+        self._done = True
+        self._stop.set()
+
     def close(self) -> None:
         """Stop the thread and wait until it has let go of ``source``."""
         self._done = True
@@ -316,3 +331,83 @@ def _ahead(source: Iterator[Any], out: queue.Queue[Any], stop: threading.Event) 
                 close()
         finally:
             _running.pop(threading.current_thread(), None)
+
+
+class _HandedOver:
+    pass
+
+
+class HeadStart(Iterator[T], Generic[T]):
+    """The items of ``source``, its first ``depth`` made from now on in a background thread, the
+    rest in the caller's thread as it asks for them: a reader in the training process starts
+    before the loop asks (a loader started early) and costs no thread after its first items.
+
+    ``source`` runs in one thread at a time: the background thread until it has made its items
+    (or is stopped), then the caller's. :meth:`close` stops the thread after the item it is making.
+    """
+
+    def __init__(self, source: Iterator[T], depth: int, name: str = "tidal-head-start"):
+        self._source = source
+        self._made: queue.Queue[Any] = queue.Queue()
+        self._stop = threading.Event()
+        self._done = False
+        self._thread: threading.Thread | None = threading.Thread(
+            target=_head, args=(source, depth, self._made, self._stop), daemon=True, name=name
+        )
+        _start(self._thread, self._stop)
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        if self._thread is not None:
+            got = self._made.get()
+            if isinstance(got, tuple):
+                return got[0]
+            self._thread.join()
+            self._thread = None  # the source is the caller's from here on
+            if isinstance(got, _Failure):
+                self._done = True
+                raise got.exc
+            if isinstance(got, _End):
+                self._done = True
+                raise StopIteration
+        return next(self._source)
+
+    def close(self) -> None:
+        """Stop: the thread lets go of the source after the item it is making and closes it."""
+        self._done = True
+        self._stop.set()
+        if self._thread is None or not self._thread.is_alive():
+            close = getattr(self._source, "close", None)
+            if close is not None:
+                close()
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None and getattr(self, "_thread", None) is not None:
+            stop.set()
+
+
+def _head(source: Iterator[Any], depth: int, out: queue.Queue[Any], stop: threading.Event) -> None:
+    """:class:`HeadStart`'s thread: its first items as 1-tuples, then the end, an error, or the
+    hand-over; stopped first, it closes the source."""
+    try:
+        for _ in range(depth):
+            if stop.is_set():
+                break
+            try:
+                item = next(source)
+            except StopIteration:
+                out.put(_End())
+                return
+            out.put((item,))
+        else:
+            out.put(_HandedOver())
+            return
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+    except BaseException as exc:
+        out.put(_Failure(exc, crossing=False))
+    finally:
+        _running.pop(threading.current_thread(), None)

@@ -54,6 +54,7 @@ SUBMODULES = {
     "tidal.convert": ["Job", "Report", "convert", "cut", "run_task"],
     "tidal.storage": ["Retry", "Storage", "is_remote", "parse_size"],
     "tidal.jax": ["Loader", "data_sharding"],
+    "tidal.ray": ["DataLoader"],
     "tidal.hf": ["TidalTrainer", "state_file"],
     "tidal.sources": ["Resolved", "resolve_source", "storage_settings"],
     "tidal.integrations": ["hf", "lightning", "prometheus"],
@@ -152,6 +153,17 @@ def test_import_does_not_pull_in_torch_jax_or_the_extras() -> None:
     code = f"import sys, tidal; print(' '.join(m for m in {NOT_ON_IMPORT!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == []
+
+
+def test_import_tidal_ray_needs_neither_ray_nor_torch() -> None:
+    """``import tidal.ray`` is cheap and always works; its DataLoader imports torch and Ray."""
+    code = (
+        "import sys; sys.modules['ray'] = None; sys.modules['torch'] = None\n"
+        "import tidal.ray\n"
+        "print(tidal.ray.__all__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "['DataLoader']", out.stderr
 
 
 def test_plain_iteration_works_without_torch(tmp_path: Path) -> None:

@@ -50,6 +50,8 @@ ENTRY_POINTS = [
     ("jax", "import tidal.jax", "pip install 'tidal[jax]'"),
     ("prometheus_client", "tidal.integrations.prometheus.serve", "pip install 'tidal[prometheus]'"),
     ("ray", "tidal.convert.engines.run_ray(None, [1], 1, None, None)", "pip install 'tidal[ray]'"),
+    ("ray", "tidal.ray.DataLoader(ds, readers=2)", "pip install 'tidal[ray]'"),
+    ("ray", "from tidal.ray import DataLoader", "pip install 'tidal[ray]'"),
     ("tqdm", "tidal.Dataset(ds.sources()[''].shards.paths, progress=True)", "pip install 'tidal[cli]'"),
 ]
 

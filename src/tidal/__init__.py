@@ -66,9 +66,9 @@ def __getattr__(name: str) -> Any:
         from tidal.loader import DataLoader
 
         return DataLoader
-    # tidal.jax imports JAX: only when asked for; tidal.testing and tidal.verify, the checks;
-    # tidal.integrations, the callbacks
-    if name in ("jax", "testing", "verify", "integrations"):
+    # tidal.jax imports JAX: only when asked for (tidal.ray's DataLoader, Ray); tidal.testing and
+    # tidal.verify, the checks; tidal.integrations, the callbacks
+    if name in ("jax", "ray", "testing", "verify", "integrations"):
         import importlib
 
         return importlib.import_module(f"tidal.{name}")

@@ -1,0 +1,298 @@
+"""Readers as Ray actors: a rank's readers on a Ray cluster's CPUs, each a worker that lives elsewhere.
+
+:class:`Reader` is one reader (rank x reader, as a DataLoader worker is rank x worker): an
+actor that opens the dataset at its reader state and answers each ``next()`` call with its
+next bundle of at most ``chunk`` batches, with the reader state after each
+(:mod:`tidal.transport.bundles`). :class:`Actors` runs one rank's readers and is asked for
+reader ``w``'s next bundle (``fetch(w)``), as :class:`tidal.transport.pool.Pool` is for threads
+and spawned processes.
+
+- **Back-pressure.** An actor answers its calls in order and makes a bundle only when asked.
+  ``fetch(w)`` asks for the next bundle as it receives one, so a reader makes one bundle while
+  the loop takes the batches of the last: at most ``prefetch`` batches ahead of what the
+  training process has taken (``chunk`` is half of it; with ``prefetch=1`` it is asked when
+  its batch is wanted).
+- **Transport.** Bundles travel through Ray's object store: columns are numpy arrays, which Ray
+  serializes out of band (the training process reads them where they lie: zero-copy on the
+  same node), text columns one UTF-8 buffer; states and marks are small.
+- **Replacement.** A reader whose call fails because its actor died (killed, out of memory, its
+  node lost) or whose next bundle does not come within ``timeout`` seconds is killed and
+  replaced: a new actor opens the dataset at the state after the last batch the training process
+  received from it, so its share goes on with the next batch and no record is lost or repeated.
+  Its counters go on from those of the reader it replaces (``readers_replaced`` counts them). A
+  reader lost :data:`LOST` times in a row before it sends a batch is an error.
+- **Errors.** An error raised in a reader (a bad record, a missing file) comes back as data and
+  is raised where the loop fetches, as it is: it is no reason to replace the reader, which would
+  read the same record again.
+
+Ray is imported when :class:`Actors` is made, never at module level: this module, and
+:class:`Reader` which Ray pickles by reference, import neither Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tidal.errors import StorageError, needs
+from tidal.metrics import Mark, Streams
+from tidal.stages import add_stats
+from tidal.state import schema
+from tidal.transport.bundles import Bundle, bundles
+from tidal.transport.pool import _Failure
+from tidal.world import World
+
+if TYPE_CHECKING:
+    from tidal.dataset import Dataset
+
+_log = logging.getLogger("tidal")
+
+LOST = 3  # a reader replaced this many times in a row without sending a batch: an error, not again
+FIXED_OPTIONS = (
+    "max_restarts",
+    "max_task_retries",
+    "max_concurrency",
+    "name",
+    "namespace",
+    "lifetime",
+    "get_if_exists",
+)
+"""Actor options tidal sets or forbids: Ray restarting a reader would start it from its first
+state again (tidal replaces readers from the ledger); a reader answers one call at a time; and
+a name, a namespace or a detached lifetime would outlive the loader or clash between readers."""
+
+
+def _contiguous(value: np.ndarray) -> np.ndarray:
+    """Arrays as the reader made them (token ids narrow: the training process widens them)."""
+    return np.ascontiguousarray(value)
+
+
+class Reader:
+    """One reader on a Ray worker: reader ``world.worker`` of rank ``world.rank``, from ``state``.
+
+    Made an actor by :class:`Actors` (``ray.remote``); the dataset is opened at the first call,
+    so an error opening it comes back as the answer to that call, not as a dead actor."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        world: World,
+        state: dict | None,
+        first_epoch: int,
+        origin: dict | None,
+        weights: dict | None,
+        chunk: int,
+    ):
+        self._open = (dataset, world, state, first_epoch, origin, weights)
+        self._chunk = chunk
+        self._made: Iterator[Bundle] | None = None
+
+    def next(self) -> Bundle | _Failure | None:
+        """The next bundle; an error raised reading, as data; None after the last bundle."""
+        try:
+            if self._made is None:
+                dataset, world, state, first_epoch, origin, weights = self._open
+                where = schema.reader_where(world.rank, world.worker)
+                it = dataset.iterator(world, state, first_epoch, origin, where, weights)
+                self._made = bundles(it, world.worker, True, _contiguous, self._chunk)
+            return next(self._made)
+        except StopIteration:
+            return None
+        except BaseException as exc:
+            return _Failure(exc, crossing=True)
+
+    def where(self) -> tuple[str, int]:
+        """``(node id, process id)`` of this reader."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+def _shifted(mark: Mark, base: Streams | None) -> Mark:
+    """A replacement's mark, its mixture's counts going on from ``base``, where its predecessor stood."""
+    records, tokens, streams = mark
+    if base is None or streams is None:
+        return mark
+
+    def plus(counts: dict[str, int]) -> dict[str, int]:
+        return {n: base.records_at.get(n, 0) + v for n, v in counts.items()}
+
+    def plus_tokens(counts: dict[str, int]) -> dict[str, int]:
+        return {n: base.tokens_at.get(n, 0) + v for n, v in counts.items()}
+
+    moved = Streams(
+        plus(streams.records),
+        plus_tokens(streams.tokens),
+        streams.weights,
+        plus(streams.records_at),
+        plus_tokens(streams.tokens_at),
+    )
+    return records, tokens, moved
+
+
+class Actors:
+    """One rank's ``readers`` readers as Ray actors; ``fetch(w)`` is reader ``w``'s next bundle,
+    made by ``convert`` into what the loop takes.
+
+    ``states``: per reader, the reader state to start from (None: the start of its share).
+    ``options``: the actor options of each reader (``num_cpus``, ``resources``,
+    ``scheduling_strategy``, ...). ``timeout``: seconds a reader may take to send its next
+    bundle before it is treated as dead. Iterating it (the loader does at the end of a pass)
+    closes it.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        ranks: World,
+        states: list[dict | None],
+        first_epoch: int,
+        origin: dict | None,
+        weights: dict | None,
+        *,
+        readers: int,
+        options: dict,
+        prefetch: int,
+        timeout: float,
+        convert: Callable[[Bundle], Bundle],
+    ):
+        ray = needs("ray", "tidal.ray.DataLoader", "ray")
+        if not ray.is_initialized():
+            ray.init()  # RAY_ADDRESS's cluster, or a local one
+        self._ray = ray
+        self._n = readers
+        self._rank = ranks.rank
+        self._convert = convert
+        self._timeout = timeout
+        self._chunk = max(1, prefetch // 2)
+        self._eager = 2 * self._chunk <= prefetch  # ask for the next bundle as one arrives
+        self._remote = remote_reader(ray, options)
+        self._dataset = ray.put(dataset)  # pickled once for all readers (and their replacements)
+        self._opened = (first_epoch, origin, weights)
+        self._worlds = [ranks.with_worker(w, readers) for w in range(readers)]
+        self._last: list[dict | None] = list(states)  # per reader, its state after the last batch received
+        self._stats: list[dict] = [{} for _ in range(readers)]  # its counters as of its last bundle
+        self._streams: list[Streams | None] = [None] * readers  # its mixture's counts after its last batch
+        self._base_stats: list[dict] = [{} for _ in range(readers)]  # counters of the readers it replaced
+        self._base_streams: list[Streams | None] = [None] * readers
+        self._lost = [0] * readers  # times replaced since its last bundle
+        self._handles: list[Any] = [None] * readers
+        self._pending: list[deque[Any]] = [deque() for _ in range(readers)]  # calls sent, oldest first
+        self._closed = False
+        for w in range(readers):
+            self._launch(w)
+
+    @property
+    def handles(self) -> list[Any]:
+        """The readers' actor handles, in reader order (replacements in place of those they replaced)."""
+        return list(self._handles)
+
+    def _launch(self, w: int) -> None:
+        world = self._worlds[w]
+        self._handles[w] = self._remote.remote(self._dataset, world, self._last[w], *self._opened, self._chunk)
+        self._pending[w] = deque([self._handles[w].next.remote()])
+
+    def fetch(self, w: int) -> Bundle:
+        """Reader ``w``'s next bundle; an error it raised is raised here; a reader that died or
+        did not answer in time is replaced, and its next bundle is the replacement's first."""
+        ray = self._ray
+        while True:
+            pending = self._pending[w]
+            if not pending:
+                pending.append(self._handles[w].next.remote())
+            try:
+                got = ray.get(pending[0], timeout=self._timeout)
+            except ray.exceptions.GetTimeoutError:
+                self._replace(w, f"it sent nothing for {self._timeout:g} s")
+                continue
+            except ray.exceptions.RayTaskError as exc:  # not a death: the call itself raised
+                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                raise cause from None
+            except ray.exceptions.RayError as exc:  # the actor died, or its node with what it made
+                self._replace(w, f"{type(exc).__name__}: {_first_line(exc)}")
+                continue
+            pending.popleft()
+            if isinstance(got, _Failure):
+                raise got.exc
+            if got is None:  # (asked past its end: never, as the loop stops asking at the end)
+                raise StorageError(f"tidal.ray reader {w} of rank {self._rank} has no more bundles")
+            self._lost[w] = 0
+            bundle = self._received(w, got)
+            if self._eager and not bundle.end:
+                pending.append(self._handles[w].next.remote())
+            return self._convert(bundle)
+
+    def _received(self, w: int, bundle: Bundle) -> Bundle:
+        """Note where reader ``w`` stands after ``bundle``; a replacement's counters go on from its predecessor's."""
+        if self._base_stats[w]:
+            bundle.stats = add_stats(self._base_stats[w], bundle.stats)
+        if self._base_streams[w] is not None:
+            bundle.marks = [_shifted(mark, self._base_streams[w]) for mark in bundle.marks]
+        if bundle.states:
+            self._last[w] = bundle.states[-1]
+        if bundle.marks:
+            self._streams[w] = bundle.marks[-1][2]
+        self._stats[w] = bundle.stats
+        return bundle
+
+    def _replace(self, w: int, why: str) -> None:
+        """A new actor for reader ``w``, from the state after the last batch received from it."""
+        self._lost[w] += 1
+        handle = self._handles[w]
+        self._kill(handle)
+        if self._lost[w] > LOST:
+            raise StorageError(
+                f"tidal.ray reader {w} of rank {self._rank} was lost {LOST + 1} times in a row before it sent a "
+                f"batch (last: {why}); check that reader_options can be met on the cluster (ray status) and "
+                "that the readers' nodes can import tidal and reach the data"
+            )
+        _log.warning(
+            "tidal.ray: reader %d of rank %d is replaced (%s); it goes on after the last batch received",
+            w,
+            self._rank,
+            why,
+        )
+        self._base_stats[w] = add_stats(self._stats[w], {"readers_replaced": 1})
+        self._stats[w] = self._base_stats[w]
+        self._base_streams[w] = self._streams[w]
+        self._launch(w)
+
+    def _kill(self, handle: Any) -> None:
+        try:  # noqa: SIM105  (not contextlib: this may run as the interpreter exits, its modules gone)
+            self._ray.kill(handle, no_restart=True)
+        except Exception:  # dead already, or its node gone
+            pass
+
+    def close(self) -> None:
+        """Stop every reader (again: nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self._handles:
+            self._kill(handle)
+        for pending in self._pending:  # (no module global here: this may run as the interpreter exits)
+            pending.clear()
+
+    _shutdown_workers = close  # what tidal.DataLoader calls to stop its workers
+
+    def __iter__(self) -> Iterator[Bundle]:
+        return self
+
+    def __next__(self) -> Bundle:  # the loader drains its workers at the end of a pass: all ended
+        self.close()
+        raise StopIteration
+
+
+def remote_reader(ray: Any, options: dict) -> Any:
+    """The :class:`Reader` actor class with ``options`` (one CPU unless they say otherwise)."""
+    return ray.remote(Reader).options(**{"num_cpus": 1, **options, "max_restarts": 0, "max_task_retries": 0})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -126,11 +126,16 @@ def test_bad_offsets_are_a_format_error_naming_the_shard(tmp_path: Path) -> None
         tidal.Dataset(root)
 
 
-def test_shards_whose_columns_differ_are_an_error_naming_the_file(tmp_path: Path) -> None:
+def test_shards_whose_columns_differ_are_an_error_naming_the_column_and_files(tmp_path: Path) -> None:
     write(tmp_path / "a", 3, columns={"n": "int"}, make=lambda i: {"n": i})
     write(tmp_path / "b", 3, columns={"n": "str"}, make=lambda i: {"n": str(i)})
-    with pytest.raises(tidal.FormatError, match=r"b/shard.00000.mds: columns .* differ from .*a/shard.00000.mds"):
+    with pytest.raises(
+        tidal.SchemaError, match=r"column 'n' is int in .*a/shard.00000.mds but str in .*b/shard.00000.mds"
+    ):
         tidal.Dataset(tmp_path)
+    write(tmp_path / "c", 3, columns={"n": "int", "m": "int"}, make=lambda i: {"n": i, "m": i})
+    with pytest.raises(tidal.SchemaError, match=r"c/shard.00000.mds: a column 'm', which .*a/shard.00000.mds has not"):
+        tidal.Dataset([tmp_path / "a", tmp_path / "c"])
 
 
 def test_index_json_is_not_needed(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 
-from tidal.errors import RecordError
+from tidal.errors import RecordError, SchemaError
 
 
 class Columns(dict):
@@ -159,10 +159,16 @@ def cut(table: Table, start: int, stop: int) -> Table:
     return table[start:stop]
 
 
-def concat(tables: list[Table]) -> Table:
+def concat(tables: list[Table], files: list[str] | None = None) -> Table:
+    """``tables`` end to end. ``files``: the file each table was read from (a block's pieces):
+    Arrow tables of different types are then made one table of the types they agree on
+    (:func:`one_schema`), or a :class:`~tidal.errors.SchemaError` naming the column and the files,
+    never records of one column in two types."""
     if len(tables) == 1:
         return tables[0]
     if all(isinstance(t, pa.Table) for t in tables):
+        if files is not None:
+            return _concat_agreed(tables, files)
         try:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
@@ -177,6 +183,150 @@ def concat(tables: list[Table]) -> Table:
     for t in tables:
         out.extend(records(t))
     return out
+
+
+def _concat_agreed(tables: list[pa.Table], files: list[str]) -> pa.Table:
+    first = tables[0].schema
+    if all(t.schema.equals(first) for t in tables[1:]):
+        return pa.concat_tables(tables)  # the common case: one schema (the dataset's, cast by the readers)
+    schema = one_schema([(t.schema, f) for t, f in zip(tables, files, strict=True)])
+    conformed = []
+    for table, file in zip(tables, files, strict=True):
+        try:
+            conformed.append(conform(table, schema))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(
+                f"{file}: its values do not convert to the types the files of its block agree on: {exc}"
+            ) from None
+    return pa.concat_tables(conformed)
+
+
+# -- schema drift: one type per column over files written by different writers -------------------
+
+
+def one_type(name: str, found: list[tuple[pa.DataType, str]]) -> pa.DataType:
+    """The type column ``name`` takes over files whose own types are ``found`` (each with a file
+    that has it): pyarrow's permissive promotion (``unify_schemas(promote_options="permissive")``:
+    int32 and int64 are int64, float32 and float64 float64, integers and floats float64, string
+    and large_string large_string, list<int32> and list<int64> list<int64>, a struct the union
+    of its fields, null anything), where dictionary-encoded values next to plain ones are plain
+    ones. Types that promotion cannot join (text and numbers, bool and int) are a SchemaError
+    naming the column and a file of each."""
+    known = [(t, f) for t, f in found if not pa.types.is_null(t)]
+    if not known:
+        return pa.null()
+    if any(pa.types.is_dictionary(t) for t, _ in known) and not all(pa.types.is_dictionary(t) for t, _ in known):
+        known = [(t.value_type if pa.types.is_dictionary(t) else t, f) for t, f in known]
+    kind, where = known[0]
+    for other, file in known[1:]:
+        if other == kind:
+            continue
+        try:
+            kind = (
+                pa.unify_schemas([pa.schema([(name, kind)]), pa.schema([(name, other)])], promote_options="permissive")
+                .field(0)
+                .type
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            raise SchemaError(clash(name, (known[0][0], where), (other, file))) from None
+    for t, file in found:
+        castable(name, t, kind, file)
+    return kind
+
+
+def clash(name: str, one: tuple[Any, str], other: tuple[Any, str], declarable: bool = True) -> str:
+    """The words of a column whose files hold types that do not join (``declarable``: where
+    ``format_options={"column_types": ...}`` may declare the one to read them as)."""
+    declare = f", or declare its type: format_options={{'column_types': {{{name!r}: ...}}}}" if declarable else ""
+    return (
+        f"column {name!r} is {one[0]} in {one[1]} but {other[0]} in {other[1]}: the records of a column are "
+        f"of one type, and these do not convert into one; read them as separate datasets (and tidal.mix them){declare}"
+    )
+
+
+def castable(name: str, kind: pa.DataType, to: pa.DataType, file: str) -> None:
+    """A SchemaError naming ``file`` where Arrow has no cast from ``kind`` to ``to`` at all (a list
+    to a number): found once, before any record, not as every row failing."""
+    if kind == to:
+        return
+    try:
+        pa.array([], type=kind).cast(to)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        raise SchemaError(f"column {name!r} is {kind} in {file}, which does not convert to {to}") from None
+
+
+def one_schema(found: list[tuple[pa.Schema, str]], declared: dict[str, pa.DataType] | None = None) -> pa.Schema:
+    """The schema of a dataset whose files' schemas are ``found`` (each with a file that has it):
+    every column any of them has, in the order they are first met, each of the type
+    :func:`one_type` gives it (or ``declared`` declares), all nullable (a file without a column
+    has nulls there)."""
+    declared = declared or {}
+    types: dict[str, list[tuple[pa.DataType, str]]] = {}
+    for schema, file in found:
+        for f in schema:
+            types.setdefault(f.name, []).append((f.type, file))
+    fields = []
+    for name, kinds in types.items():
+        if name in declared:
+            for t, file in kinds:
+                castable(name, t, declared[name], file)
+            fields.append(pa.field(name, declared[name]))
+        else:
+            fields.append(pa.field(name, one_type(name, kinds)))
+    return pa.schema(fields)
+
+
+class Seen:
+    """The types of the columns one reader has read so far, each with a file that has it: where
+    the dataset did not know its files' types when it was opened (an index written before scans
+    kept them), each piece a reader reads is checked against them (:meth:`conform`), so that a
+    column of one type in one block and another in the next is the same SchemaError naming the
+    column and both files, and a column read as int64 stays int64 when a file of int32 follows."""
+
+    def __init__(self) -> None:
+        self.types: dict[str, tuple[pa.DataType, str]] = {}
+
+    def conform(self, tables: list[Table], files: list[str]) -> list[Table]:
+        """``tables`` (pieces read from ``files``), those of Arrow of the types read before (or
+        the wider types both promote to, from then on), with the columns read before that a
+        piece lacks null; a clash is a SchemaError."""
+        return [self._one(t, f) if isinstance(t, pa.Table) else t for t, f in zip(tables, files, strict=True)]
+
+    def _one(self, table: pa.Table, file: str) -> pa.Table:
+        types, changed = self.types, False
+        for field in table.schema:
+            known = types.get(field.name)
+            if known is None:
+                if not pa.types.is_null(field.type):
+                    types[field.name] = (field.type, file)
+                changed = changed or pa.types.is_null(field.type)
+            elif known[0] != field.type:
+                kind = one_type(field.name, [known, (field.type, file)])
+                if kind != known[0]:
+                    types[field.name] = (kind, known[1])
+                changed = True
+        names = table.column_names
+        lacking = [n for n in types if n not in names]
+        if not changed and not lacking:
+            return table
+        fields = [pa.field(n, types[n][0] if n in types else table.schema.field(n).type) for n in names]
+        return conform(table, pa.schema(fields + [pa.field(n, types[n][0]) for n in lacking]))
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with the columns of ``schema``, in its order and of its types: a column of
+    another type cast (safely: a value that does not convert is an ``ArrowInvalid``), a
+    column the table lacks all nulls. One cast per column that differs, none where none does."""
+    n = table.num_rows
+    names = table.column_names
+    columns = []
+    for f in schema:
+        if f.name not in names:
+            columns.append(pa.chunked_array([pa.nulls(n, f.type)], type=f.type))
+            continue
+        column = table.column(f.name)
+        columns.append(column if column.type == f.type else column.cast(f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _join(parts: list[Any]) -> Any:

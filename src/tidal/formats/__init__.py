@@ -72,7 +72,7 @@ from typing import IO, Any, Literal, Protocol
 import numpy as np
 
 from tidal.errors import ArgumentError, FormatError, SchemaError, TidalError
-from tidal.tables import Table
+from tidal.tables import Table, clash
 
 Errors = Literal["raise", "skip"] | Callable[[TidalError], object]
 """The bad-data policy: raise, skip (and count), or a function that is given each error and
@@ -116,7 +116,16 @@ _ENDINGS = {
 }
 # The version of each format's scan, where it is not 1: bumped when what a scan records changes
 # (a new fact, another type), so that index entries an older scan made are scanned again.
-_SCANS = {"csv": 2}  # 2: one type per column over the dataset's files, leading zeros kept as text
+_SCANS = {
+    "csv": 2,  # 2: one type per column over the dataset's files, leading zeros kept as text
+    "parquet": 2,  # 2: each file's column types (schema drift: tidal.formats.schemas)
+    "arrow": 2,  # 2: each file's column types, as Parquet's
+    "litdata": 2,  # 2: each column's type (a pytree leaf's serializer, an Arrow footer's type)
+}
+# The oldest scan of a format whose counts still hold where scanning again costs requests (an
+# index published beside remote data, read by a job): its newer scans only added facts (the
+# column types: unknown for such files, joined block by block, see tidal.formats.schemas).
+_COUNTS_HOLD_FROM = {"parquet": 1, "arrow": 1, "litdata": 1}
 # Endings that several formats use: who may claim a file before the ending's own format.
 _CLAIMS = {".bin": ("megatron", "litdata")}
 _MANIFEST = "index.json"  # MDS, LitData and tidal token directories describe their shards in it
@@ -126,7 +135,7 @@ _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", 
 # Every option a format reads, and which formats read it (see each module's docstring).
 OPTIONS = {
     "allow_pickle": ("mds", "litdata"),  # unpickle `pkl`/`pickle` columns: runs code from the data
-    "column_types": ("csv",),  # {"zip": "string"}: a column's type, declared (pyarrow's type names)
+    "column_types": ("csv", "parquet", "arrow"),  # {"zip": "string"}: a column's type, declared (pyarrow's type names)
     "decode_images": ("mds",),  # jpeg/png/pil columns as PIL images instead of their bytes
     "dtype": ("flat",),  # the token type of a headerless .bin (default uint16, as nanoGPT writes)
 }
@@ -234,6 +243,13 @@ def scan_version(name: str) -> int:
     return _SCANS.get(name, 1)
 
 
+def counts_hold_from(name: str) -> int:
+    """The oldest version of format ``name``'s scan whose entries a job still takes from an index
+    published beside remote data (their counts hold; what newer scans added is found as the
+    files are read), rather than a request per file to scan them again."""
+    return _COUNTS_HOLD_FROM.get(name, scan_version(name))
+
+
 def formats() -> list[str]:
     """The names ``Dataset(format=...)`` accepts."""
     return sorted(_MODULES)
@@ -326,39 +342,79 @@ def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[],
 
 def check_schemas(shards: Any) -> None:
     """Shards of one format must agree on their columns, where their scans recorded them
-    (``info["columns"]``: name to type or encoding): a clash named here, by file, beats a
-    record that decodes differently, or a batch that cannot be stacked, an hour later.
-    ``shards``: a :class:`tidal.Shards`, read by its columns."""
+    (``info["columns"]``: name to encoding, or to "" where a format decides its types over the
+    dataset: MDS, LitData, CSV): a clash named here, by column and file, beats a record that
+    decodes differently, or a batch that cannot be stacked, an hour later. Formats whose files
+    carry Arrow schemas are agreed instead (:func:`agree`). ``shards``: a :class:`tidal.Shards`,
+    read by its columns."""
     first: dict[str, tuple[str, Any]] = {}
+    agreed = {f for f in set(shards.formats) if getattr(module(f), "ARROW_SCHEMA", False)}
     for path, fmt, info in zip(shards.paths, shards.formats, shards.infos, strict=True):
         columns = info.get("columns")
-        if columns is None:
+        if columns is None or fmt in agreed:
             continue
         where, seen = first.setdefault(fmt, (path, columns))
-        if seen != columns:
-            raise SchemaError(
-                f"{path}: columns {columns} differ from {seen} of {where}; "
-                "read them as separate datasets (and tidal.mix them)"
+        why = _differ(path, columns, where, seen) if seen != columns else ""
+        if why:
+            raise SchemaError(why)
+
+
+def _differ(path: str, columns: dict, where: str, seen: dict) -> str:
+    """What a file whose columns differ from another file's says: the first column that differs."""
+    for name in [*seen, *columns]:
+        if name not in columns:
+            return f"{path}: no column {name!r}, which {where} has; read them as separate datasets (and tidal.mix them)"
+        if name not in seen:
+            return (
+                f"{path}: a column {name!r}, which {where} has not; read them as separate datasets (and tidal.mix them)"
             )
+        if columns[name] != seen[name] and columns[name] and seen[name]:  # "": a type not recorded (an older scan)
+            return clash(name, (seen[name], where), (columns[name], path), declarable=False)
+    if list(columns) != list(seen):
+        return f"{path}: columns {list(columns)} are in another order than {list(seen)} of {where}"
+    return ""
 
 
-def agree(shards: Any, options: Options | None = None) -> Any:
-    """``shards`` with the scans of each format that decides its columns' types over a dataset's
-    files (a module's ``agree(infos, options) -> infos``: CSV) made to say the dataset's types,
-    so that a column is of one type whichever file a record comes from. ``shards``: a
-    :class:`tidal.Shards`, returned as it is where nothing changes."""
+def agree(shards: Any, options: Options | None = None, columns: Sequence[str] | None = None) -> Any:
+    """``shards`` with the scans made to say the dataset's one type of each column, so that a
+    column is of one type whichever file a record comes from: the formats whose files carry an
+    Arrow schema (``ARROW_SCHEMA``: Parquet, Arrow) together, token files (``TOKEN_DTYPE``) their
+    ``input_ids`` dtype (:mod:`tidal.formats.schemas`), and each format that decides its types
+    itself (a module's ``agree(infos, options) -> infos``: CSV). Types that do not join are a
+    SchemaError naming the column and files (of ``columns``, those read, where they are named).
+    ``shards``: a :class:`tidal.Shards`, returned as it is where nothing changes."""
     infos = list(shards.infos)
     changed = False
-    for name in sorted(set(shards.formats)):
+    names = sorted(set(shards.formats))
+    usable = [e is None for e in shards.errors]
+
+    def put(at: list[int], decided: list[dict]) -> None:
+        nonlocal changed
+        for i, info in zip(at, decided, strict=True):
+            changed = changed or info is not infos[i]
+            infos[i] = info
+
+    from tidal.formats import schemas
+
+    typed = {n for n in names if getattr(module(n), "ARROW_SCHEMA", False)}
+    if typed:
+        at = [i for i, f in enumerate(shards.formats) if f in typed and usable[i]]
+        put(at, schemas.agree([infos[i] for i in at], [shards.paths[i] for i in at], options, columns))
+    tokens = {n for n in names if getattr(module(n), "TOKEN_DTYPE", False)}
+    if tokens:
+        at = [i for i, f in enumerate(shards.formats) if f in tokens and usable[i]]
+        dtypes = [module(shards.formats[i]).token_dtype(infos[i], options) for i in at]
+        one = schemas.agree_tokens(dtypes, [shards.paths[i] for i in at])
+        if one is not None:
+            mine = [infos[i] for i in at]
+            put(at, [info if d in (one, None) else {**info, "cast": one} for info, d in zip(mine, dtypes, strict=True)])
+    for name in names:
         decide = getattr(module(name), "agree", None)
         if decide is None:
             continue
-        at = [i for i, (f, e) in enumerate(zip(shards.formats, shards.errors, strict=True)) if f == name and e is None]
-        if not at:
-            continue
-        for i, info in zip(at, decide([infos[i] for i in at], options), strict=True):
-            changed = changed or info is not infos[i]
-            infos[i] = info
+        at = [i for i, f in enumerate(shards.formats) if f == name and usable[i]]
+        if at:
+            put(at, decide([infos[i] for i in at], options))
     if not changed:
         return shards
     return type(shards)(
@@ -393,11 +449,18 @@ def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
         if getattr(mod, "FIELDS_OPTIONAL", False):
             union.setdefault(fmt, (path, set()))[1].update(names)
             continue
+        if getattr(mod, "ARROW_SCHEMA", False):  # a column some files lack is null in theirs (tidal.formats.schemas)
+            union.setdefault("", (path, set()))[1].update(names)
+            continue
         missing = [c for c in columns if c not in names]
         if missing:
             raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'})")
     for fmt, (path, names) in union.items():
         missing = [c for c in columns if c not in names]
+        if missing and not fmt:
+            raise SchemaError(
+                f"{path}: no column {missing[0]!r}, nor has any other file (columns: {', '.join(sorted(names))})"
+            )
         if missing:
             raise SchemaError(
                 f"no {fmt} file has a field {missing[0]!r} ({path} and the others have: {', '.join(sorted(names))})"

@@ -10,7 +10,10 @@ batch. Streams with dictionary-encoded columns (whose dictionaries come as separ
 are read from the start instead: correct, just not cheap to open late.
 
 The index keeps each batch's row count (and, for streams, offset), so rows map to batches
-without opening the file.
+without opening the file, and the file's column types (``info["types"]``), so that a dataset
+whose files drifted reads as one schema, as Parquet does (:mod:`tidal.formats.schemas`,
+``format_options={"column_types": {...}}``); a column asked for that a file lacks is null in
+its records.
 
 Arrow IPC has no checksums. Each record batch read is validated whole (buffers, offsets, UTF-8
 of strings), so a damaged one is a :class:`~tidal.errors.RecordError` naming the file and the
@@ -25,8 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tidal.errors import FormatError, RecordError, SchemaError, StorageError
-from tidal.formats import Errors, Options, Piece, bad, data_errors, source
+from tidal.errors import FormatError, RecordError, StorageError
+from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
 from tidal.formats.binary import open_stream
 
 NAME = "arrow"
@@ -35,6 +38,7 @@ __all__ = ["NAME", "columns", "open", "scan"]
 FILE_MAGIC = b"ARROW1"
 
 DECODES_WITHOUT_GIL = True  # pyarrow decodes with the GIL released: see tidal.formats.threaded
+ARROW_SCHEMA = True  # its scan keeps each file's Arrow schema: a column has one type over the dataset
 
 
 def _is_file(path: str, src: Any) -> bool:
@@ -59,7 +63,7 @@ def scan(path: str, compression: str | None, file: Any = None) -> dict:
                 reader = pa.ipc.open_file(f)
                 batches = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
                 schema = reader.schema
-            return {"rows": sum(batches), "batches": batches, "kind": "file", "columns": _columns(schema)}
+            return {"rows": sum(batches), "batches": batches, "kind": "file", **_schema(schema)}
         return _scan_stream(path, src)
     except (FormatError, StorageError):
         raise
@@ -68,7 +72,7 @@ def scan(path: str, compression: str | None, file: Any = None) -> dict:
 
 
 def columns(info: dict) -> list[str]:
-    return list(info["columns"])
+    return list(info["names"] if "names" in info else info["columns"])  # "columns": an index of the first scan
 
 
 def _scan_stream(path: str, src: Any) -> dict:
@@ -95,7 +99,7 @@ def _scan_stream(path: str, src: Any) -> dict:
         reader = pa.ipc.open_stream(f)
         batches = [b.num_rows for b in reader]
         schema = reader.schema
-    info: dict = {"rows": sum(batches), "batches": batches, "kind": "stream", "columns": _columns(schema)}
+    info: dict = {"rows": sum(batches), "batches": batches, "kind": "stream", **_schema(schema)}
     if not dictionaries:
         info["offsets"] = offsets
     return info
@@ -109,6 +113,11 @@ def _native(path: str, src: Any) -> Any:
 
 def _columns(schema: pa.Schema) -> dict[str, str]:
     return {f.name: str(f.type) for f in schema}
+
+
+def _schema(schema: pa.Schema) -> dict:
+    """What the index keeps of a file's schema: its columns' names, and their types."""
+    return {"names": schema.names, "types": schemas.encode(schema)}
 
 
 class ArrowReader:
@@ -134,10 +143,25 @@ class ArrowReader:
             raise _arrow_error(path, exc) from None
         if "columns" in info and found != info["columns"]:
             raise FormatError(f"{path}: its schema {found} is not the {info['columns']} it was indexed with; damaged?")
-        missing = [c for c in columns or [] if c not in self._schema.names]
-        if missing:
-            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(self._schema.names)})")
-        self._columns = columns
+        if "types" in info and schemas.encode(self._schema) != info["types"]:
+            raise FormatError(f"{path}: its schema {found} is not the one it was indexed with; damaged?")
+        names = self._schema.names
+        # the dataset's schema where this file's differs (tidal.formats.schemas), or nulls for the
+        # columns asked for that it lacks (of no type where the index has no types: joined in the block)
+        self._target = schemas.target(info, columns)
+        known = self._target
+        if any(c not in names and (known is None or c not in known.names) for c in columns or []):
+            self._target = pa.schema(
+                [
+                    known.field(c)
+                    if known is not None and c in known.names
+                    else self._schema.field(c)
+                    if c in names
+                    else pa.field(c, pa.null())
+                    for c in columns or []
+                ]
+            )
+        self._columns = [c for c in columns if c in names] if columns is not None else None
         self._errors = errors
         self._all: pa.Table | None = None  # a stream without offsets, read whole once
 
@@ -175,6 +199,20 @@ class ArrowReader:
         return pa.ipc.read_record_batch(pa.ipc.read_message(self._file), self._schema)
 
     def read(self, start: int, stop: int) -> Piece:
+        piece = self._read(start, stop)
+        if self._target is None:
+            return piece
+        valid = piece.valid
+        rows = np.arange(start, stop) if valid is None else start + np.flatnonzero(valid)
+        assert isinstance(piece.table, pa.Table)
+        table, kept = schemas.cast(piece.table, self._target, self.path, rows, self._errors)
+        if kept is not None:
+            if valid is None:
+                valid = np.ones(stop - start, dtype=bool)
+            valid[rows[~kept] - start] = False
+        return Piece(table, valid)
+
+    def _read(self, start: int, stop: int) -> Piece:
         parts = []
         valid: np.ndarray | None = None
         b = int(np.searchsorted(self._starts, start, side="right")) - 1
@@ -194,7 +232,8 @@ class ArrowReader:
                 parts.append(part if isinstance(part, pa.Table) else pa.Table.from_batches([part]))
             pos, b = end, b + 1
         if not parts:
-            return Piece(self._schema.empty_table().select(self._columns or self._schema.names), valid)
+            names = self._columns if self._columns is not None else self._schema.names
+            return Piece(self._schema.empty_table().select(names), valid)
         return Piece(pa.concat_tables(parts), valid)
 
     def close(self) -> None:
@@ -212,4 +251,5 @@ def open(  # noqa: A001
     errors: Errors,
     options: Options | None = None,
 ) -> ArrowReader:
+    check_options(NAME, options)  # column_types: decided over the dataset (tidal.formats.agree), cast by info["cast"]
     return ArrowReader(path, info, columns, errors)

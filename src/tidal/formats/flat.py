@@ -11,7 +11,9 @@ file already holds whatever separators it was written with.
 
 A ``.bin`` has no header, so its token type is an option: ``dtype`` (default ``"uint16"``, as
 nanoGPT's ``prepare.py`` writes it; ``"uint32"`` for vocabularies past 65,536). A ``.npy``
-says its own type; it must be a 1-D integer array.
+says its own type; it must be a 1-D integer array. In a dataset whose token files are of
+several dtypes, the ids of every file are of the one that holds them all (those of the others
+widened as they are read: :mod:`tidal.formats.schemas`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import FormatError, SchemaError
-from tidal.formats import Errors, Options, Piece, check_options, data_errors, source
+from tidal.formats import Errors, Options, Piece, check_options, data_errors, schemas, source
 from tidal.formats.binary import mapped, npy_header, open_stream
 
 NAME = "flat"
@@ -29,6 +31,7 @@ __all__ = ["NAME", "ROW_BYTES", "columns", "open", "scan"]
 
 ROW_BYTES = 8192
 _BIN_DTYPES = {"uint16": "<u2", "uint32": "<u4", "int32": "<i4", "int64": "<i8"}
+TOKEN_DTYPE = True  # input_ids of one dtype over the dataset's token files (tidal.formats.schemas)
 
 
 def _npy_header(path: str, src: Any) -> tuple[np.dtype, int, int]:
@@ -47,8 +50,9 @@ def _npy_header(path: str, src: Any) -> tuple[np.dtype, int, int]:
 
 
 class FlatReader:
-    def __init__(self, path: str, src: Any, npy: bool, dtype: Any):
+    def __init__(self, path: str, src: Any, npy: bool, dtype: Any, cast: str | None = None):
         self.path = path
+        self._cast = np.dtype(cast) if cast is not None else None  # the dataset's dtype, where it is not this file's
         buf = mapped(path, src)
         if npy:
             dt, n, offset = _npy_header(path, src)
@@ -66,6 +70,9 @@ class FlatReader:
 
     def read(self, start: int, stop: int) -> Piece:
         ids, n = self.ids, self.per_row
+        if self._cast is not None:  # the rows are one span of the file: widened at once
+            span = schemas.widen(ids[start * n : stop * n], self._cast, self.path, start)
+            return Piece([{"input_ids": span[i * n : (i + 1) * n]} for i in range(stop - start)])
         return Piece([{"input_ids": ids[i * n : (i + 1) * n]} for i in range(start, stop)])
 
     def close(self) -> None:
@@ -99,6 +106,14 @@ def columns(info: dict) -> list[str]:
     return ["input_ids"]
 
 
+def token_dtype(info: dict, options: Options | None = None) -> str | None:
+    """The dtype of the file's ids: a ``.npy``'s own, a ``.bin``'s the ``dtype`` option's."""
+    if "dtype" in info:
+        return info["dtype"]
+    named = str((options or {}).get("dtype", "uint16"))
+    return np.dtype(_BIN_DTYPES[named]).name if named in _BIN_DTYPES else None
+
+
 def open(  # noqa: A001
     path: str,
     compression: str | None,
@@ -112,4 +127,5 @@ def open(  # noqa: A001
     dtype = check_options(NAME, options).get("dtype", "uint16")
     if str(dtype) not in _BIN_DTYPES:
         raise FormatError(f"{path}: dtype must be one of {', '.join(_BIN_DTYPES)}, not {dtype!r}")
-    return FlatReader(path, source(path, info), path.lower().endswith(".npy"), _BIN_DTYPES[str(dtype)])
+    npy = path.lower().endswith(".npy")
+    return FlatReader(path, source(path, info), npy, _BIN_DTYPES[str(dtype)], info.get("cast"))

@@ -49,6 +49,12 @@ LitData registers):
 - rows kept as an Arrow footer compress the footer's buffers (``ipc_compression``), which
   pyarrow decompresses as it reads the footer.
 
+Each chunk's scan keeps its columns with their types (an Arrow footer's types; a pytree leaf's
+serializer, ``int``, ``str``, ``numpy``...): chunks of a dataset (several LitData directories,
+say) whose column is of two types are a :class:`~tidal.errors.SchemaError` naming the column
+and a chunk of each, when the dataset is opened. Token chunks of several dtypes (uint16 and
+int32 ids) read as the one that holds them all (:mod:`tidal.formats.schemas`).
+
 LitData keeps no checksum of its own: an item or a zstd frame that does not decode (a frame
 that is cut short, is followed by stray bytes or decompresses to another length than its
 table says) is a :class:`~tidal.errors.RecordError` naming the file and row (for a frame,
@@ -73,13 +79,14 @@ import numpy as np
 import pyarrow as pa
 
 from tidal.errors import FormatError, RecordError, SchemaError
-from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
+from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "litdata"
 __all__ = ["NAME", "claims", "columns", "files", "open", "scan"]
 
 INDEX = "index.json"
+TOKEN_DTYPE = True  # TokensLoader chunks: input_ids of one dtype over the dataset's token files (tidal.formats.schemas)
 MANIFEST = INDEX  # what a remote chunk's scan is given the bytes of (tidal.sources.counting)
 FOOTER_MAGIC = b"LDARW01\x00"
 FRAMED_MAGIC = b"LDFZ01\x00\x00"  # the batch layout's first bytes
@@ -210,16 +217,58 @@ def scan(path: str, compression: str | None, file: str | None = None, manifest: 
     if chunk.rows != int(entry.get("chunk_size", chunk.rows)):
         raise FormatError(f"{path}: {chunk.rows} items, but index.json says {entry.get('chunk_size')}")
     if chunk.footer is not None:
-        columns = chunk.footer.schema.names
+        columns = {f.name: _FOOTER_TYPES.get(str(f.type), str(f.type)) for f in chunk.footer.schema}
     elif keep["item_loader"] == "TokensLoader":
-        columns = ["input_ids"]
+        columns = {"input_ids": "tokens"}  # its dtype: agreed over the dataset (token_dtype)
     else:
-        columns = _keys(keep["data_spec"])
-    return {"rows": chunk.rows, "config": keep, "columns": dict.fromkeys(columns, "")}
+        columns = _encodings(keep["data_spec"], data_format)
+    return {"rows": chunk.rows, "config": keep, "columns": columns}
 
 
 def columns(info: dict) -> list[str]:
     return list(info["columns"])
+
+
+def token_dtype(info: dict, options: Options | None = None) -> str | None:
+    """The dtype of a TokensLoader chunk's ids where its serializer says it; None for others."""
+    config = info.get("config") or {}
+    found = list(config.get("data_format") or [])
+    if config.get("item_loader") != "TokensLoader" or len(found) != 1:
+        return None
+    name, _, arg = found[0].partition(":")
+    if name not in ("no_header_numpy", "no_header_tensor") or not arg.isdigit():
+        return None
+    named = (dict(enumerate(_NUMPY)) if name == "no_header_numpy" else _TORCH).get(int(arg))
+    return np.dtype(named).name if named is not None else None
+
+
+# The leaves that give the Python values an Arrow footer's columns give, named alike: a dataset of
+# chunks of both kinds (LitData keeps plain records in a footer, others as a pytree) agrees
+_LEAF_TYPES = {"str": "str", "text": "str", "int": "int", "float": "float", "bool": "bool", "bytes": "bytes"}
+_FOOTER_TYPES = {"string": "str", "large_string": "str", "int64": "int", "double": "float", "bool": "bool",
+                 "binary": "bytes", "large_binary": "bytes"}  # fmt: skip
+
+
+def _encodings(spec: Any, data_format: list[str]) -> dict[str, str]:
+    """Each column of a pytree record and the serializers of its leaves (``int``, ``str``,
+    ``numpy``; several, comma-separated, for a nested value): its type, as far as the chunk says."""
+    tree = _spec(spec)
+    names = _keys(spec)
+    leaves = [_LEAF_TYPES.get(f, f) for f in data_format]
+    if names == ["data"] or tree is None:
+        return {"data": ",".join(leaves)}
+    out, at = {}, 0
+    for name, child in zip(names, tree.get("children_spec") or [], strict=False):
+        n = _leaves(child)
+        out[name] = ",".join(leaves[at : at + n])
+        at += n
+    return out if len(out) == len(names) else dict.fromkeys(names, "")
+
+
+def _leaves(tree: Any) -> int:
+    """How many leaves a pytree spec holds."""
+    children = tree.get("children_spec") if isinstance(tree, dict) else None
+    return sum(_leaves(c) for c in children) if children else 1
 
 
 def _keys(spec: Any) -> list[str]:
@@ -399,6 +448,7 @@ class LitdataReader:
             )
         self._errors = errors
         self._ids = self._flat_ids(columns)
+        self._cast = np.dtype(info["cast"]) if self._tokens and info.get("cast") else None  # the dataset's dtype
 
     def _flat_ids(self, columns: list[str] | None) -> np.ndarray | None:
         """A chunk of token documents (``TokensLoader``) stored plain: all its items, as one view
@@ -467,7 +517,8 @@ class LitdataReader:
     def _item(self, row: int) -> Any:
         item = self._chunk.item(row)
         if self._tokens:
-            return {"input_ids": self._leaf(self._formats[0], item)}
+            ids = self._leaf(self._formats[0], item)
+            return {"input_ids": ids if self._cast is None else schemas.widen(ids, self._cast, self.path, row)}
         count = len(self._formats)
         if len(item) < 4 * count:
             raise ValueError("item cut short in its sizes")
@@ -486,6 +537,9 @@ class LitdataReader:
             return Piece(table.select(self._columns) if self._columns is not None else table)
         if self._ids is not None:  # token documents: a view each, bounds checked when the chunk opened
             ids, bounds = self._ids, (self._chunk.offsets[start : stop + 1] // self._ids.itemsize).tolist()
+            if self._cast is not None:  # the documents are one span of the chunk: widened at once
+                ids = schemas.widen(ids[bounds[0] : bounds[-1]], self._cast, self.path, start)
+                bounds = [b - bounds[0] for b in bounds]
             return Piece([{"input_ids": ids[a:z]} for a, z in itertools.pairwise(bounds)])
         records: list[Any] = []
         valid: np.ndarray | None = None

@@ -13,7 +13,8 @@ The ``.idx`` (Megatron's ``MMIDIDX`` layout), little-endian::
     [int8    s sequence modes: only in multimodal indexes; ignored]
 
 A row is a sequence, ``{"input_ids": ids}``, as Megatron's ``IndexedDataset[i]`` gives it;
-the ids are a zero-copy view of the memory-mapped ``.bin``. Every pointer and length is
+the ids are a zero-copy view of the memory-mapped ``.bin`` (in a dataset whose token files are
+of several dtypes, a copy widened to the one that holds them all: :mod:`tidal.formats.schemas`). Every pointer and length is
 checked against the ``.bin``'s size when the file is opened, so a hostile index cannot make
 a read leave the file. The ``.bin`` is the shard; its ``.idx`` must sit beside it (which is
 how :func:`claims` tells a Megatron ``.bin`` from a flat token file). Remote pairs are read
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import FormatError, SchemaError
-from tidal.formats import Errors, Located, Options, Piece, source
+from tidal.formats import Errors, Located, Options, Piece, schemas, source
 from tidal.formats.binary import check_offsets, mapped, view
 
 NAME = "megatron"
@@ -39,6 +40,7 @@ __all__ = ["NAME", "beside", "claims", "columns", "open", "scan"]
 MAGIC = b"MMIDIDX\x00\x00"
 _HEAD = struct.Struct("<9sQBQQ")  # 34 bytes
 DTYPES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 6: "<f8", 7: "<f4", 8: "<u2"}
+TOKEN_DTYPE = True  # input_ids of one dtype over the dataset's token files (tidal.formats.schemas)
 
 
 def claims(path: str, exists: Callable[[str], bool]) -> bool:
@@ -61,8 +63,9 @@ def _idx_of(path: str, src: Any, idx: str | None) -> str:
 
 
 class MegatronReader:
-    def __init__(self, path: str, src: Any, fetched_idx: str | None = None):
+    def __init__(self, path: str, src: Any, fetched_idx: str | None = None, cast: str | None = None):
         self.path = path
+        self._cast = np.dtype(cast) if cast is not None else None  # the dataset's dtype, where it is not this file's
         local = _idx_of(path, src, fetched_idx)
         idx_path = beside(path)  # as errors name it: not its copy in the cache
         if not os.path.exists(local):
@@ -107,7 +110,13 @@ class MegatronReader:
         ids, width = self.ids, self.dtype.itemsize
         first = self.pointers[start:stop] // width
         last = first + self.lengths[start:stop]
-        return Piece([{"input_ids": ids[a:z]} for a, z in zip(first.tolist(), last.tolist(), strict=True)])
+        spans = zip(first.tolist(), last.tolist(), strict=True)
+        if self._cast is not None:
+            to = self._cast
+            return Piece(
+                [{"input_ids": schemas.widen(ids[a:z], to, self.path, start + i)} for i, (a, z) in enumerate(spans)]
+            )
+        return Piece([{"input_ids": ids[a:z]} for a, z in spans])
 
     def close(self) -> None:
         pass
@@ -129,6 +138,11 @@ def columns(info: dict) -> list[str]:
     return ["input_ids"]
 
 
+def token_dtype(info: dict, options: Options | None = None) -> str | None:
+    """The dtype of the dataset's ids, as its ``.idx`` says."""
+    return info.get("dtype")
+
+
 def open(  # noqa: A001
     path: str,
     compression: str | None,
@@ -140,4 +154,5 @@ def open(  # noqa: A001
     if columns is not None and list(columns) != ["input_ids"]:
         raise SchemaError(f"{path}: a Megatron dataset has one column, 'input_ids'; asked for {columns}")
     where = info.get("file")
-    return MegatronReader(path, source(path, info), where.beside if isinstance(where, Located) else None)
+    beside = where.beside if isinstance(where, Located) else None
+    return MegatronReader(path, source(path, info), beside, info.get("cast"))

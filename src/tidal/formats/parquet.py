@@ -6,6 +6,11 @@ binary file, or a function that opens one (a remote file read in place by byte r
 a few columns of a large file). The index keeps each top-level column's compressed size,
 which is how the reader decides between the two.
 
+Each file's column types are kept in the index (``info["types"]``), so that a dataset whose
+files drifted (int32 and int64 ids, a column added later) reads as one schema: see
+:mod:`tidal.formats.schemas` (and ``format_options={"column_types": {...}}``, which declares a
+column's type). A column asked for that a file lacks is null in its records.
+
 What is checked: the footer when a file is scanned; each data page's CRC when it is read,
 where the writer stored one (``pq.write_table(..., write_page_checksum=True)``; Arrow
 does not by default); and every row group read is validated whole (offsets, and UTF-8 in
@@ -25,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tidal.errors import FormatError, RecordError, SchemaError, StorageError
-from tidal.formats import Errors, Options, Piece, bad, data_errors, source
+from tidal.errors import FormatError, RecordError, StorageError
+from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
 from tidal.formats.parquet_footer import column_bytes
 from tidal.formats.parquet_pages import Pages, Retyped
 from tidal.tables import keep
@@ -38,6 +43,7 @@ BUFFER = 1 << 20  # a local file is read 1 MiB at a time as its pages are decode
 Source = str | IO[bytes] | Callable[[], IO[bytes]]
 
 DECODES_WITHOUT_GIL = True  # pyarrow decodes with the GIL released: see tidal.formats.threaded
+ARROW_SCHEMA = True  # its scan keeps each file's Arrow schema: a column has one type over the dataset
 
 
 def _open_file(path: str, file: Any = None) -> pq.ParquetFile:
@@ -60,6 +66,7 @@ def scan(path: str, compression: str | None, file: Source | None = None) -> dict
     try:
         meta = pf.metadata
         names = pf.schema_arrow.names
+        types = schemas.encode(pf.schema_arrow)
         groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         sizes = column_bytes(path, meta)  # not meta.row_group(g).column(c): a damaged footer aborts the process there
     except StorageError:
@@ -70,7 +77,7 @@ def scan(path: str, compression: str | None, file: Source | None = None) -> dict
         pf.close()  # its own handle; a file object it was given stays open
     if sum(groups) != meta.num_rows or min(groups, default=0) < 0:
         raise FormatError(f"{path}: corrupt Parquet footer: row groups of {groups} rows, {meta.num_rows} in all")
-    return {"rows": meta.num_rows, "row_groups": groups, "column_bytes": sizes, "names": names}
+    return {"rows": meta.num_rows, "row_groups": groups, "column_bytes": sizes, "names": names, "types": types}
 
 
 def columns(info: dict) -> list[str] | None:
@@ -93,10 +100,24 @@ class ParquetReader:
             raise FormatError(f"{path}: not a readable Parquet file: {exc}") from None
         if "names" in info and names != info["names"]:
             raise FormatError(f"{path}: its columns {names} are not the {info['names']} it was indexed with; damaged?")
+        # the dataset's schema where this file's differs (tidal.formats.schemas), or nulls for
+        # the columns asked for that it lacks; its rows are cast to it as they are read
+        self._target = schemas.target(info, columns)
         missing = [c for c in columns or [] if c not in names]
-        if missing:
-            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
-        self._columns = columns
+        if missing and (self._target is None or any(c not in self._target.names for c in missing)):
+            # the dataset's types unknown (an index without them): nulls of no type, joined in the block
+            own, known = self._file.schema_arrow, self._target
+            self._target = pa.schema(
+                [
+                    known.field(c)
+                    if known is not None and c in known.names
+                    else own.field(c)
+                    if c in names
+                    else pa.field(c, pa.null())
+                    for c in columns or []
+                ]
+            )
+        self._columns = [c for c in columns if c in names] if columns is not None else None
         self._errors = errors
         self._starts = np.concatenate([[0], np.cumsum(info["row_groups"])]).astype(np.int64)
         # The decoded row group the last read ended in: the next slice of this file (the next
@@ -220,6 +241,22 @@ class ParquetReader:
         return None, np.zeros(int(self._starts[g + 1]) - row, dtype=bool)
 
     def read(self, start: int, stop: int) -> Piece:
+        if self._columns == []:  # asked only for columns this file lacks: nulls, nothing to decode
+            assert self._target is not None
+            return Piece(_nulls(self._target, stop - start))
+        table, valid = self._read(start, stop)
+        if self._target is None:
+            return Piece(table, valid)
+        rows = np.arange(start, stop) if valid is None else start + np.flatnonzero(valid)
+        table, kept = schemas.cast(table, self._target, self._path, rows, self._errors)
+        if kept is not None:
+            if valid is None:
+                valid = np.ones(stop - start, dtype=bool)
+            valid[rows[~kept] - start] = False
+        return Piece(table, valid)
+
+    def _read(self, start: int, stop: int) -> tuple[pa.Table, np.ndarray | None]:
+        """Rows ``[start, stop)`` as the file holds them, and which were kept (None: all)."""
         parts: list[pa.Table] = []
         valid: np.ndarray | None = None
         pos = start
@@ -248,8 +285,8 @@ class ParquetReader:
             self._cached = (-1, None, None)  # read to its end: in epoch order no slice comes back to it
         if not parts:
             schema = self._file.schema_arrow
-            parts = [schema.empty_table().select(self._columns or schema.names)]
-        return Piece(pa.concat_tables(parts), valid)
+            parts = [schema.empty_table().select(self._columns if self._columns is not None else schema.names)]
+        return pa.concat_tables(parts), valid
 
     def close(self) -> None:
         self._drop_stream()
@@ -340,6 +377,11 @@ class _Columns:
         self._retyped.close(force=True)
 
 
+def _nulls(schema: pa.Schema, n: int) -> pa.Table:
+    """``n`` records of ``schema``, every value null."""
+    return pa.Table.from_arrays([pa.nulls(n, f.type) for f in schema], schema=schema)
+
+
 def _utf8_rows(table: pa.Table) -> np.ndarray | None:
     """Which rows hold only valid UTF-8 in their top-level string columns, or None when the
     table's other columns are damaged too (or nothing here is a string)."""
@@ -370,4 +412,5 @@ def open(  # noqa: A001
     errors: Errors,
     options: Options | None = None,
 ) -> ParquetReader:
+    check_options(NAME, options)  # column_types: decided over the dataset (tidal.formats.agree), cast by info["cast"]
     return ParquetReader(path, info, columns, errors)

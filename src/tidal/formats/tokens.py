@@ -18,8 +18,10 @@ without decreasing: anything else (a truncated copy, a hostile file) is a
 :class:`~tidal.errors.FormatError` naming the file, raised before any record is read.
 
 A row is a document, ``{"input_ids": ids}`` with the shard's dtype: uint16 when the vocabulary
-fits, else uint32, as :meth:`tidal.Dataset.tokenize` yields. The ids are a view of the mapped
-file, so reading costs no copy; :meth:`TokenShard.tokens` gives the flat array of a range of
+fits, else uint32, as :meth:`tidal.Dataset.tokenize` yields; in a dataset whose token files are
+of several dtypes, the one that holds them all (:mod:`tidal.formats.schemas`: the files of
+another are widened to it as they are read). The ids are a view of the mapped file, so reading
+costs no copy; :meth:`TokenShard.tokens` gives the flat array of a range of
 documents, which is what packing wants.
 
 :class:`TokenWriter` writes shards and an ``index.json`` beside them with each shard's size
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import ArgumentError, FormatError, SchemaError
-from tidal.formats import Errors, Options, Piece, source
+from tidal.formats import Errors, Options, Piece, schemas, source
 from tidal.formats.binary import check_offsets, mapped, view
 
 NAME = "tokens"
@@ -54,6 +56,7 @@ VERSION = 1
 HEADER = struct.Struct("<8sIIQQ32x")  # 64 bytes
 INDEX = "index.json"
 _DTYPES: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+TOKEN_DTYPE = True  # input_ids of one dtype over the dataset's token files (tidal.formats.schemas)
 _CLOSED = np.zeros(0, dtype=np.int64)  # what a closed shard holds (made once: close may run as Python exits)
 
 
@@ -64,8 +67,9 @@ class TokenShard:
     >>> ids, offsets = shard.tokens(10, 20)   # documents 10..19: one flat view, offsets from 0
     """
 
-    def __init__(self, path: str, src: Any = None):
+    def __init__(self, path: str, src: Any = None, cast: str | None = None):
         self.path = path
+        self._cast = np.dtype(cast) if cast is not None else None  # the dataset's dtype, where it is not this file's
         buf = mapped(path, path if src is None else src)
         if len(buf) < HEADER.size:
             raise FormatError(f"{path}: not a tidal token shard: {len(buf)} bytes, shorter than its header")
@@ -100,6 +104,8 @@ class TokenShard:
 
     def read(self, start: int, stop: int) -> Piece:
         ids, off = self.tokens(start, stop)
+        if self._cast is not None:
+            ids = schemas.widen(ids, self._cast, self.path, start)
         bounds = off.tolist()
         return Piece([{"input_ids": ids[a:z]} for a, z in itertools.pairwise(bounds)])
 
@@ -148,6 +154,11 @@ def columns(info: dict) -> list[str]:
     return ["input_ids"]
 
 
+def token_dtype(info: dict, options: Options | None = None) -> str | None:
+    """The dtype of the shard's ids, as its scan found it."""
+    return info.get("dtype")
+
+
 def open(  # noqa: A001
     path: str,
     compression: str | None,
@@ -158,7 +169,7 @@ def open(  # noqa: A001
 ) -> TokenShard:
     if columns is not None and list(columns) != ["input_ids"]:
         raise SchemaError(f"{path}: a token shard has one column, 'input_ids'; asked for {columns}")
-    return TokenShard(path, source(path, info))
+    return TokenShard(path, source(path, info), info.get("cast"))
 
 
 def _hasher(algorithm: str) -> Any:

@@ -28,11 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tidal.errors import SchemaError
 from tidal.formats import Errors, agree, check_columns, in_order
 from tidal.sources.discover import open_shards
 from tidal.sources.hf_datasets import resolve as resolve_hf
 from tidal.sources.shards import Shard, Shards
 from tidal.storage.config import Storage
+from tidal.storage.retry import redact_urls
 
 __all__ = ["Resolved", "resolve_source", "storage_settings"]
 
@@ -118,6 +120,9 @@ def resolve_source(
         shards = Shards.of(Shard(**fields) for fields in held)
     else:
         settings, shards, indexed, downloaded = open_shards(src, fmt, errors, settings, follow_links, progress)
-    shards = agree(shards, options)  # one type per column over the files (CSV)
+    try:
+        shards = agree(shards, options, columns)  # one type per column over the files (tidal.formats.schemas, CSV)
+    except SchemaError as exc:  # it names files: never a signed URL's query
+        raise SchemaError(redact_urls(str(exc))) from None
     check_columns(shards, columns)
     return Resolved(src, shards, fmt, tuple(columns) if columns is not None else None, settings, indexed, downloaded)

@@ -217,7 +217,7 @@ def _index_remote(
                 progress(len(urls))
                 return _shards(urls, entries, [entries.at[k] for k in keys], format, errors)
             for published in _published_for(remote, sources, urls, root):  # published indexes may know them
-                todo = _seed(entries, published, urls, keys, stats, todo, format)
+                todo = _seed(entries, published, urls, keys, stats, todo, format, older=sources is not None)
             progress(len(urls) - len(todo))
             if todo:
                 counting = _Counting(urls, keys, stats, format, fetcher, entries, where, progress)
@@ -291,12 +291,16 @@ def _seed(
     stats: dict[str, FileStat],
     todo: list[int],
     format: str | None,
+    *,
+    older: bool = True,
 ) -> list[int]:
-    """Take what ``published`` knows of the files ``todo`` into ``entries``; what is left to count."""
+    """Take what ``published`` knows of the files ``todo`` into ``entries``; what is left to count.
+    ``older``: a job's, which takes the counts of an older scan that still hold, not a request per
+    file to scan them again (``tidal index``, which publishes, scans them again)."""
     left = []
     for j in todo:
         e = published.entry(urls[j], format)
-        if e is not None and _fresh_remote(e, stats[urls[j]]):
+        if e is not None and _fresh_remote(e, stats[urls[j]], older=older):
             entries.put(keys[j], e)
         else:
             left.append(j)
@@ -355,7 +359,7 @@ def _count_once(
     urls, stats = counting.urls, counting.stats
 
     def covers(published: Published) -> bool:
-        return all(_fresh_remote(published.entry(urls[j], counting.format), stats[urls[j]]) for j in todo)
+        return all(_fresh_remote(published.entry(urls[j], counting.format), stats[urls[j]], older=True) for j in todo)
 
     while todo:
         verdict = claim.take()
@@ -428,9 +432,10 @@ def _warn_counting(
     )
 
 
-def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
+def _fresh_remote(entry: dict | None, stat: FileStat, *, older: bool = False) -> bool:
     """Whether an entry is what counting the remote file as it is now would find: the file
-    unchanged, the entry one this tidal trusts, and, for a format that reads a file beside its
+    unchanged, the entry one this tidal trusts (``older``: or the count of an older scan that
+    still holds, see :func:`holds_together`), and, for a format that reads a file beside its
     shards (a Megatron ``.idx``), what that file was (an entry of a local scan lacks it: a local
     directory's index served over HTTP beside the data)."""
     return (
@@ -444,6 +449,7 @@ def _fresh_remote(entry: dict | None, stat: FileStat) -> bool:
             entry.get("info"),
             entry.get("scanner"),
             entry.get("scan"),
+            older=older,
         )
         and (entry.get("error") is not None or _beside_known(entry))
     )

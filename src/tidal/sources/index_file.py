@@ -2,8 +2,11 @@
 
 ``.tidal-index.json`` in the dataset's root directory when it is writable, else a file under
 the user cache dir (remote datasets: under the shard cache). Version 2, written here, holds one
-list per field in the order of ``"files"`` (paths relative to the root); version 1, one object
-per file, is still read, from old indexes and from indexes published beside remote data. An
+list per field in the order of ``"files"`` (paths relative to the root), and ``"schemas"``: each
+distinct file schema a scan recorded (``info["types"]``: Parquet's, Arrow's) once, the entries
+naming theirs by its place in that list, so that a million files of a few schemas cost a few
+schemas; version 1, one object per file, is still read, from old indexes and from indexes
+published beside remote data. An
 index is only a hint: one that does not hold together reads as empty, an entry that does not is
 scanned again, and none can name a file (:mod:`tidal.sources.counting` keeps only the files it listed).
 """
@@ -23,7 +26,7 @@ from orjson import loads  # an index of a million shards is 150 MB of JSON: seve
 
 from tidal import env
 from tidal.errors import StorageError
-from tidal.formats import formats, scan_version
+from tidal.formats import counts_hold_from, formats, scan_version
 from tidal.storage.cache import mkdirs
 
 INDEX_NAME = ".tidal-index.json"
@@ -127,6 +130,7 @@ class Entries:
             return cls()
         if not all(isinstance(c, list) and len(c) == n for c in columns.values()):
             return cls()
+        _named_schemas(columns, data.get("schemas"))
         return cls(keys, columns)
 
     def get(self, key: str) -> dict | None:
@@ -175,8 +179,36 @@ class Entries:
         out: dict[str, Any] = {"version": VERSION, "files": self.keys}
         if complete:
             out["complete"] = True
-        out.update((_STORED.get(f, f), c) for f, c in self.columns.items() if any(v is not None for v in c))
+        columns = dict(self.columns)
+        schemas: dict[str, int] = {}
+        if any(isinstance(i, dict) and "types" in i for i in columns["info"]):
+            columns["info"] = [_schema_named(i, schemas) for i in columns["info"]]
+        out.update((_STORED.get(f, f), c) for f, c in columns.items() if any(v is not None for v in c))
+        if schemas:
+            out["schemas"] = list(schemas)
         return json.dumps(out, separators=(",", ":")).encode()
+
+
+def _schema_named(info: Any, schemas: dict[str, int]) -> Any:
+    """``info`` as the file keeps it: its schema (``"types"``) as its place in ``schemas``."""
+    if not isinstance(info, dict) or not isinstance(info.get("types"), str):
+        return info
+    return {**info, "types": schemas.setdefault(info["types"], len(schemas))}
+
+
+def _named_schemas(columns: dict[str, list], schemas: Any) -> None:
+    """The entries' schemas put back in place of their places in ``schemas`` (in place); an entry
+    whose schema is not there (an index rewritten by an older tidal, which drops the list) has no
+    count, so it is scanned again."""
+    table = schemas if isinstance(schemas, list) and all(isinstance(t, str) for t in schemas) else []
+    infos, rows = columns["info"], columns["rows"]
+    for i, info in enumerate(infos):
+        if isinstance(info, dict) and "types" in info:
+            at = info["types"]
+            if type(at) is int and 0 <= at < len(table):
+                info["types"] = table[at]
+            elif not isinstance(at, str):  # a schema written out in full is taken as it is
+                rows[i] = None
 
 
 @functools.cache
@@ -198,15 +230,31 @@ def scanner() -> str:
     return f"tidal {tidal.__version__} (readers {code.hexdigest()[:12]}, pyarrow {pyarrow.__version__})"
 
 
-def holds_together(rows: Any, format: Any, error: Any, info: Any, found_by: Any = None, scan: Any = None) -> bool:
+def holds_together(
+    rows: Any,
+    format: Any,
+    error: Any,
+    info: Any,
+    found_by: Any = None,
+    scan: Any = None,
+    *,
+    older: bool = False,
+) -> bool:
     """Whether an entry's facts can be trusted as what a scan found (else the file is scanned
     again): an error found by this very code (``found_by``, see :func:`scanner`), or a count made
-    by the scan of its format this tidal makes (``scan``: its version, absent for 1)."""
+    by the scan of its format this tidal makes (``scan``: its version, absent for 1). ``older``:
+    also a count of an older scan whose counts still hold (:func:`tidal.formats.counts_hold_from`):
+    an index published beside remote data, which a job takes rather than a request per file."""
     if error is not None:
         return isinstance(error, str) and found_by == scanner()
     if not (type(rows) is int and rows >= 0 and format in _KNOWN and (info is None or isinstance(info, dict))):
         return False
-    return (1 if scan is None else scan) == scan_version(format) and (scan is None or type(scan) is int)
+    version = 1 if scan is None else scan
+    if scan is not None and type(scan) is not int:
+        return False
+    if older:
+        return counts_hold_from(format) <= version <= scan_version(format)
+    return version == scan_version(format)
 
 
 _KNOWN = frozenset(formats())

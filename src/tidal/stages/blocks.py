@@ -28,7 +28,7 @@ from tidal.stages.policy import Policy
 from tidal.stages.readers import NotOpened, OpenReaders
 from tidal.storage.cache import Entry
 from tidal.storage.retry import redact_urls
-from tidal.tables import Table, concat, decoded, length, take
+from tidal.tables import Seen, Table, concat, decoded, length, take
 from tidal.world import World
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ class BlockReader:
         self.bytes_read = 0  # their bytes: each file's (of the columns read) in proportion to the rows read of it
         self._read_sizes: np.ndarray | None = None  # per shard, the bytes a read of all its rows reads
         self.skipped = 0  # bad records of this reader's share dropped under errors="skip"
+        self._seen = Seen()  # column types read so far: one type per column, where the index did not know them
         self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
         # threads a block's files are read with (see _read_slices), the next block read ahead in them
@@ -194,7 +195,7 @@ class BlockReader:
             remote.ahead(now, later)
         perm = order.permutation(b)
         owned = self._policy.owns = Owned(self, order, b, slices, perm)  # bad records: this reader's only
-        tables, masks, any_skipped = [], [], False
+        tables, files, masks, any_skipped = [], [], [], False
         absent: dict[str, str] | None = None  # columns asked for that no record of the block has so far
         shards = self._plan.shards
         for (s, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
@@ -205,6 +206,7 @@ class BlockReader:
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
             if piece.valid is None or piece.valid.any():
                 tables.append(piece.table)
+                files.append(redact_urls(shards.paths[s]))  # named where files of different types meet
             masks.append(np.ones(z - a, dtype=bool) if piece.valid is None else piece.valid)
             any_skipped |= piece.valid is not None
         if absent:
@@ -214,7 +216,7 @@ class BlockReader:
                 f"asked for with columns= ({where}): a typo? A field so rare that a whole block lacks it is "
                 "read without columns= (each record keeps the fields it has)"
             )
-        table = concat(tables) if tables else []
+        table = concat(self._seen.conform(tables, files), files) if tables else []
         del tables  # the pieces: freed once the block is made of them
         rows = perm  # where each record of the block's table was among the slices' rows
         valid_before = None

@@ -289,3 +289,43 @@ def test_a_process_group_initialized_after_the_build_sets_the_ranks(
     for r in (0, 1):
         monkeypatch.setenv("RANK", str(r))
         assert got[r] == ids(tidal.DataLoader(ds, num_workers=2, start_early=False))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_jax_loader_reads_once_built_and_once_given_a_state(data: Path, tmp_path: Path, workers: int) -> None:
+    jax = pytest.importorskip("jax")
+    import tidal.jax
+
+    jax.devices()  # JAX's backends run: the processes can be asked for without starting them
+    log = tmp_path / "read.log"
+    ds = chain(data, log)
+    full = ids(tidal.jax.Loader(ds, num_workers=workers, start_early=False))
+    log.unlink()
+    loader = tidal.jax.Loader(ds, num_workers=workers)
+    wait_until_read(log)
+    stop = len(full) * 3 // 4
+    head = ids(itertools.islice(loader, stop))
+    state = loader.state_dict()
+    assert head == full[:stop]
+    resumed = tidal.jax.Loader(ds, num_workers=workers)
+    resumed.load_state_dict(state)
+    wait_until_read(log, set(full[stop]))
+    assert ids(resumed) == full[stop:]
+
+
+def test_a_jax_loader_dropped_unused_stops_its_readers(data: Path, tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    import threading
+
+    import tidal.jax
+
+    jax.devices()
+    log = tmp_path / "read.log"
+    loader = tidal.jax.Loader(chain(data, log), num_workers=2)
+    wait_until_read(log)
+    del loader
+    gc.collect()
+    deadline = time.monotonic() + PATIENCE_S  # threads end after the bundle they are making
+    while any(t.name.startswith(("tidal-reader", "tidal-jax")) for t in threading.enumerate()):
+        assert time.monotonic() < deadline, [t.name for t in threading.enumerate()]
+        time.sleep(0.05)

@@ -43,9 +43,6 @@ from peers import LOADERS
 from peers.corpus import convert, prepare
 from peers.harness import REPO, RESULT
 from peers.plan import DEFAULT_WORKLOADS, WORKLOADS, run_all, subset
-from peers.report import header, plot, tidal_commit, versions
-from peers.sections import sections
-from peers.tables import tally
 from peers.workloads import child
 
 
@@ -102,6 +99,16 @@ def main() -> None:
         fmt, src, out = args.convert
         print(RESULT + json.dumps(convert(fmt, src, out, args.shard_mb, args.row_group)), flush=True)
         return
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Prepare the corpus, run every measurement, and report. The report's modules are imported here: a child
+    (``--child``) runs this file too, and its start-up is part of the first batch it times."""
+    from peers.report import header, plot, tidal_commit, versions
+    from peers.sections import sections
+    from peers.tables import tally
+
     loaders = subset(args.loaders, LOADERS, "loader")
     workloads = set(subset(args.workloads, WORKLOADS, "workload"))
     t0 = time.perf_counter()

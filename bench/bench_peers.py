@@ -139,8 +139,13 @@ def run(args: argparse.Namespace) -> None:
         Path(args.markdown).write_text(f"```\n{top}\n```\n\n{body}\n\n{tally(targets)}\n")
         print(f"tables: {args.markdown}")
     if args.plot:
-        plot(res, loaders, workloads, args.threads, args.plot)
-        print(f"plot: {args.plot}")
+        try:
+            plot(res, loaders, workloads, args.threads, args.plot)
+            print(f"plot: {args.plot}")
+        except ImportError as exc:  # matplotlib is not in the dev environment's lock
+            print(
+                f"no plot: {exc.name or exc} is not installed (pip install matplotlib); the JSON and tables are written"
+            )
 
 
 if __name__ == "__main__":

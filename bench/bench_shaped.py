@@ -101,7 +101,7 @@ def publish_indexes(server: dict[str, Any], root: Path, formats: list[str]) -> d
     ``.tidal-index.json``: what publishing an index of remote data leaves there. Entries by format."""
     import boto3
 
-    from tidal.sources.index_file import INDEX_NAME, index_json, read_index
+    from tidal.sources.index_file import INDEX_NAME, Entries, index_json
 
     client = boto3.client(
         "s3",
@@ -113,7 +113,8 @@ def publish_indexes(server: dict[str, Any], root: Path, formats: list[str]) -> d
     out = {}
     for fmt in formats:
         local = root / fmt / INDEX_NAME
-        entries = read_index(local.read_bytes())
+        table = Entries.parse(json.loads(local.read_bytes()))
+        entries = {key: e for key in table.keys if (e := table.get(key)) is not None}
         listing = client.list_objects_v2(Bucket=s3.S3_BUCKET, Prefix=f"{fmt}/")["Contents"]
         etags = {o["Key"].removeprefix(f"{fmt}/"): o["ETag"].strip('"') for o in listing}
         published = {name: {**e, "version": etags[name]} for name, e in entries.items() if name in etags}

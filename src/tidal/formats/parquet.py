@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from tidal.errors import FormatError, RecordError, StorageError
 from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
 from tidal.formats.parquet_footer import column_bytes
-from tidal.formats.parquet_pages import Pages, Retyped
+from tidal.formats.parquet_pages import Pages, Retyped, skipping
 from tidal.tables import keep
 
 NAME = "parquet"
@@ -170,7 +170,7 @@ class ParquetReader:
             return False
         starts, patches = self._pages.skips(stream.group, a)
         names = self._columns or self._file.schema_arrow.names
-        return bool(patches) and all(starts.get(name, 0) > stream.row for name in names)
+        return bool(patches) and all(starts.get(name, 0) > stream.row for name in names) and skipping()
 
     def _start(self, g: int, a: int) -> _Stream | _Columns:
         """Row group ``g`` decoded from row ``a`` on: each column from the page ``a`` is in,
@@ -187,7 +187,7 @@ class ParquetReader:
             raise ValueError(damage)
         starts, patches = pages.skips(g, a) if a else ({}, [])
         names = self._columns or self._file.schema_arrow.names
-        if not patches or len(set(names)) < len(names):
+        if not patches or len(set(names)) < len(names) or not skipping():  # skipping(): pyarrow as expected
             return _Stream(self._file, g, rows, self._columns)
         retyped = pq.ParquetFile(
             Retyped(pages.fd, patches),

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tidal
-from tidal.formats import parquet
+from tidal.formats import parquet, parquet_pages
 from tidal.formats.parquet_pages import Pages
 
 ROWS = 3000
@@ -277,3 +277,42 @@ def test_a_thrift_map_keyed_by_structs_is_a_format_error_not_a_type_error() -> N
     damaged = bytes([0x1B, 0x01, 0xC5, 0x00, 0x02, 0x00])  # field 1: a map of one entry, {} -> 1; the end
     with pytest.raises(tidal.FormatError, match=r"a.parquet: corrupt Parquet footer: a map whose keys"):
         Reader(damaged, "a.parquet").struct()
+
+
+@pytest.fixture
+def guard() -> Iterator[None]:
+    """:func:`parquet_pages.skipping` asked afresh (its answer is kept per process)."""
+    parquet_pages.skipping.cache_clear()
+    yield
+    parquet_pages.skipping.cache_clear()
+
+
+def test_the_guard_finds_that_the_installed_pyarrow_passes_over_retyped_pages(guard: None) -> None:
+    assert parquet_pages._retyped_reads_wrong() is None
+    assert parquet_pages.skipping()
+
+
+def test_where_pyarrow_decoded_retyped_pages_the_guard_turns_skipping_off_and_the_rows_stay_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, guard: None
+) -> None:
+    """A pyarrow that decoded the pages tidal retypes (here: retyped to DATA_PAGE, which it does
+    decode) would shift every later row of their columns: the guard sees it in its own file, says
+    so once, and every slice is decoded from its group's first row."""
+    monkeypatch.setitem(parquet_pages._ZIGZAG, parquet_pages.INDEX_PAGE, parquet_pages._ZIGZAG[parquet_pages.DATA_PAGE])
+    retyped: list[object] = []
+    monkeypatch.setattr(parquet, "Retyped", lambda *args: retyped.append(args) or parquet_pages.Retyped(*args))
+    path = tmp_path / "a.parquet"
+    pq.write_table(_table(), path, row_group_size=1500, data_page_size=512, write_batch_size=50)
+    table = pq.read_table(path)
+    assert _starts(path, 1, 1400)["text"] > 0  # pages that could be skipped
+    info = parquet.scan(str(path), None)
+    with caplog.at_level("WARNING", logger="tidal"):
+        for columns in (None, ["text", "id"]):
+            for a, z in [(417, 1499), (1900, 2100), (2901, 3000)]:
+                reader = parquet.open(str(path), None, info, columns, "raise")
+                got = reader.read(a, z).table
+                reader.close()
+                assert got.equals(table.select(columns or table.column_names).slice(a, z - a)), (columns, a, z)
+    assert not retyped  # no slice read through Retyped
+    warned = [r.getMessage() for r in caplog.records if "not skipped" in r.getMessage()]
+    assert len(warned) == 1 and "column 'id' read 600 rows, not rows" in warned[0], warned

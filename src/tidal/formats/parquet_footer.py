@@ -1,16 +1,36 @@
 """The bytes of each column of a Parquet file, read from its footer's Thrift without pyarrow's
 ``RowGroupMetaData.column()``.
 
-That accessor builds the C++ column-chunk metadata outside pyarrow's exception handling: a
-damaged footer (a level histogram of the wrong length, say) throws a C++ exception nothing
-catches, and the process aborts. Reading the data reports the same damage as an ``OSError``,
-so only this one look at the footer needs its own way in: the footer pyarrow parsed, written
-back out (``FileMetaData.__reduce__``), and decoded here with Thrift's compact protocol.
+That accessor builds the C++ column-chunk metadata outside pyarrow's exception handling
+(pyarrow 26's ``libparquet.pxd`` declares ``RowGroupMetaData::ColumnChunk`` without
+``except +``): a damaged footer (a level histogram of the wrong length, say) throws a
+``parquet::ParquetException`` nothing catches, and the process aborts ("terminate called after
+throwing an instance of 'parquet::ParquetException'"). Reading the data reports the same damage
+as an ``OSError``, so only this one look at the footer needs its own way in: the footer pyarrow
+parsed, written back out by a documented call (``FileMetaData.write_metadata_file``), and
+decoded here with Thrift's compact protocol.
+
+No upstream issue was found for the abort (apache/arrow). The report to file, "[Python][Parquet]
+RowGroupMetaData.column() aborts the process on a damaged footer (ColumnChunk lacks except +)",
+with pyarrow 26.0.1 on Linux x86-64 and CPython 3.11, has this reproducer::
+
+    import pyarrow as pa, pyarrow.parquet as pq
+    table = pa.table({"id": pa.array([1, None, 3] * 20, pa.int64()), "text": ["x", None, "yz"] * 20,
+                      "tokens": [[1, 2], None, []] * 20})
+    pq.write_table(table, "good.parquet", row_group_size=25)
+    raw = bytearray(open("good.parquet", "rb").read())
+    start = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
+    raw[start + 44] = 19  # one byte of the footer: column 2's definition level histogram, 4 entries not 3
+    open("bad.parquet", "wb").write(raw)
+    pq.read_table("bad.parquet")  # OSError: Definition level histogram size mismatch, size: 4, expected: 3
+    pq.ParquetFile("bad.parquet").metadata.row_group(0).column(2)  # SIGABRT, no Python exception
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import pyarrow as pa
 
 from tidal.errors import FormatError
 
@@ -111,10 +131,19 @@ class Reader:
             fields[last] = self.value(kind, depth)
 
 
+def serialized(metadata: Any) -> bytes:
+    """The Thrift bytes of ``metadata`` (a ``pyarrow.parquet.FileMetaData``), as pyarrow writes
+    a footer: the metadata-only file ``write_metadata_file`` makes is ``PAR1``, the footer, its
+    length (4 bytes) and ``PAR1``."""
+    sink = pa.BufferOutputStream()
+    metadata.write_metadata_file(sink)
+    data = sink.getvalue()
+    return data.slice(4, data.size - 12).to_pybytes()
+
+
 def footer(metadata: Any, path: str) -> dict[int, Any]:
     """``metadata`` (a ``pyarrow.parquet.FileMetaData``) as Thrift fields."""
-    (serialized,) = metadata.__reduce__()[1]
-    return Reader(serialized.to_pybytes(), path).struct()
+    return Reader(serialized(metadata), path).struct()
 
 
 def column_bytes(path: str, metadata: Any) -> dict[str, int]:

@@ -18,19 +18,28 @@ pyarrow (:class:`Retyped`) says ``INDEX_PAGE`` in the header of each page wholly
 slice: one byte changed in what is read, never in the file. Each top-level column is then
 decoded from the page its slice starts in.
 
+That pyarrow passes over such pages is what it does, not what it promises. So skipping is
+guarded (:func:`skipping`): once a process, the first time a slice could skip pages, a small
+file of each page layout is read through :class:`Retyped` and must give exactly the rows
+expected. Where the installed pyarrow decodes or refuses such pages, skipping is off, said in
+one log line: every slice is then decoded from its group's first row (slower, never wrong).
+
 A header this does not parse (pyarrow will say what is wrong with it when it reads it) means
 no skipping for its column, and no verdict on it.
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import logging
 import os
+import tempfile
 from bisect import bisect_left
 from typing import Any, NamedTuple
 
 from tidal.errors import FormatError
-from tidal.formats.parquet_footer import Reader
+from tidal.formats.parquet_footer import Reader, serialized
 
 # parquet.thrift field ids, and compact protocol types
 _STOP, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = (
@@ -57,6 +66,8 @@ DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
 
 _TYPE_FIELD = 0x15  # field 1 (delta 1), an i32: how a header's page type begins
 _ZIGZAG = {DATA_PAGE: 0, INDEX_PAGE: 2, DATA_PAGE_V2: 6}  # page types as one-byte zigzag varints
+_log = logging.getLogger("tidal")
+
 _HEADER_READ = 4096  # a header's first read; one with long statistics is read again, larger
 _HEADER_MAX = 16 << 20
 
@@ -167,11 +178,11 @@ class _Groups:
     """The row groups of a footer, read from its Thrift as far as asked for, each group's column
     chunks only where their pages are. A footer of hundreds of groups is 100s of KB; read from the
     middle (a resume), half of it is passed over, at about 0.1 µs a byte. The bytes are pyarrow's
-    own serialization of the footer it parsed: well formed, or not read at all."""
+    own serialization of the footer it parsed (:func:`~tidal.formats.parquet_footer.serialized`):
+    well formed, or not read at all."""
 
     def __init__(self, metadata: Any):
-        (serialized,) = metadata.__reduce__()[1]
-        self._buf = serialized.to_pybytes()
+        self._buf = serialized(metadata)
         self._read: list[tuple[int, list[dict[int, Any]]]] = []  # (rows, each chunk's fields)
         try:
             self._at, self._left = self._find_groups()
@@ -419,3 +430,74 @@ class Retyped(io.RawIOBase):
         if not self.closed:
             self._close(self._fd)
         super().close()
+
+
+@functools.cache
+def skipping() -> bool:
+    """Whether pages before a slice may be skipped (:class:`Retyped`): whether the installed
+    pyarrow reads a column retyped so from the page its slice starts in, exactly, in each page
+    layout writers use (v1 with a dictionary, v2 with page checksums). Checked once a process,
+    when first asked (about 10 ms); where not, one log line says so and slices are decoded from
+    their group's first row."""
+    try:
+        why = _retyped_reads_wrong()
+    except Exception as exc:  # anything at all: the slow path is never wrong
+        why = f"{type(exc).__name__}: {exc}"
+    if why is not None:
+        import pyarrow
+
+        _log.warning(
+            "Parquet: pages before a slice are decoded, not skipped: pyarrow %s does not pass over pages "
+            "retyped INDEX_PAGE as tidal expects (%s); resuming deep in a row group is slower, never wrong",
+            pyarrow.__version__,
+            why,
+        )
+    return why is None
+
+
+def _retyped_reads_wrong() -> str | None:
+    """What :class:`Retyped` gets wrong on a small file of each layout, or None."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, row = 600, 401
+    # made from buffers: pa.array() and pa.table() import pandas (0.4 s) on their first call
+    ids = pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(np.arange(rows, dtype=np.int64))])
+    texts = [None if i % 11 == 0 else f"{i}:".encode() + b"x" * (i % 9) for i in range(rows)]
+    valid = np.packbits([t is not None for t in texts], bitorder="little")
+    offsets = np.cumsum([0] + [len(t or b"") for t in texts], dtype=np.int32)
+    data = b"".join(t or b"" for t in texts)
+    text = pa.Array.from_buffers(pa.string(), rows, [pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
+    table = pa.Table.from_arrays([ids, text], names=["id", "text"])
+    layouts = [{}, {"data_page_version": "2.0", "use_dictionary": False, "write_page_checksum": True}]
+    with tempfile.TemporaryDirectory(prefix="tidal-pages-") as scratch:
+        for n, layout in enumerate(layouts):
+            path = os.path.join(scratch, f"{n}.parquet")
+            pq.write_table(table, path, data_page_size=256, write_batch_size=20, **layout)
+            metadata = pq.ParquetFile(path).metadata
+            pages = Pages(path, metadata, [False, False], path)
+            try:
+                if pages.damage(0, rows) is not None:
+                    return f"layout {layout}: {pages.damage(0, rows)}"
+                starts, patches = pages.skips(0, row)
+                if not patches or not all(0 < starts.get(c, 0) <= row for c in table.column_names):
+                    return f"layout {layout}: no page to skip in the check's own file"
+                retyped = pq.ParquetFile(
+                    Retyped(pages.fd, patches), metadata=metadata, pre_buffer=False, page_checksum_verification=True
+                )
+                try:
+                    for column in table.column_names:
+                        got = pa.Table.from_batches(
+                            list(retyped.iter_batches(64, row_groups=[0], columns=[column], use_threads=False))
+                        ).column(0)
+                        want = table.column(column).slice(starts[column])
+                        if not got.equals(want):
+                            return (
+                                f"layout {layout}: column {column!r} read {len(got)} rows, not rows {starts[column]}.."
+                            )
+                finally:
+                    retyped.close(force=True)
+            finally:
+                pages.close()
+    return None

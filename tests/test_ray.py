@@ -14,6 +14,7 @@ quarter of a CPU each), started once for the module and stopped after it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -250,6 +251,27 @@ def test_two_ranks_under_torchrun_with_two_readers_each_read_as_two_workers_each
     counts = Counter(head + ids(list(resumed)))
     assert max(counts.values()) == 1, "a record was read twice"
     assert 0 <= sum(SIZES) - len(counts) < 3, "records never read"
+
+
+def note(folder: str, record: dict) -> dict:
+    """Writes a file per record read (in the reader, wherever it runs): what the readers made."""
+    Path(folder, str(record["id"])).touch()
+    return record
+
+
+def test_a_reader_makes_at_most_prefetch_batches_ahead(tmp_path: Path, cluster: Any) -> None:
+    made = tmp_path / "made"
+    made.mkdir()
+    root = make_shards(tmp_path / "data", SIZES)
+    ds = tidal.Dataset(root).shuffle(5, block_size=40).map(functools.partial(note, str(made))).batch(4)
+    loader = on_ray(ds, 2, prefetch=4)
+    running = iter(loader)
+    taken = [next(running) for _ in range(4)]  # 2 batches of each reader, the second in a bundle of 2
+    for handle in loader.readers:  # a reader answers in order: once this returns, it has made what it was asked
+        ray.get(handle.where.remote())
+    assert 4 * 4 < len(list(made.iterdir())) <= (4 + 2 * 4) * 4  # each at most 4 batches ahead, of 75
+    loader.close()
+    assert len(taken) == 4
 
 
 def test_an_error_in_a_reader_is_raised_as_it_is(tmp_path: Path, cluster: Any) -> None:

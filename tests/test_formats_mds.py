@@ -126,16 +126,22 @@ def test_bad_offsets_are_a_format_error_naming_the_shard(tmp_path: Path) -> None
         tidal.Dataset(root)
 
 
-def test_shards_whose_columns_differ_are_an_error_naming_the_column_and_files(tmp_path: Path) -> None:
+def test_a_column_of_two_encodings_is_an_error_naming_it_and_a_column_some_shards_lack_is_none(tmp_path: Path) -> None:
+    # before: "b/shard.00000.mds: columns {...} differ from {...}" for both
     write(tmp_path / "a", 3, columns={"n": "int"}, make=lambda i: {"n": i})
     write(tmp_path / "b", 3, columns={"n": "str"}, make=lambda i: {"n": str(i)})
     with pytest.raises(
         tidal.SchemaError, match=r"column 'n' is int in .*a/shard.00000.mds but str in .*b/shard.00000.mds"
     ):
         tidal.Dataset(tmp_path)
-    write(tmp_path / "c", 3, columns={"n": "int", "m": "int"}, make=lambda i: {"n": i, "m": i})
-    with pytest.raises(tidal.SchemaError, match=r"c/shard.00000.mds: a column 'm', which .*a/shard.00000.mds has not"):
-        tidal.Dataset([tmp_path / "a", tmp_path / "c"])
+    write(tmp_path / "c", 2, columns={"m": "str", "n": "int"}, make=lambda i: {"n": 10 + i, "m": f"m{i}"})
+    ds = tidal.Dataset([tmp_path / "a", tmp_path / "c"])
+    want = [{"n": 0, "m": None}, {"n": 1, "m": None}, {"n": 2, "m": None}, {"n": 10, "m": "m0"}, {"n": 11, "m": "m1"}]
+    assert list(ds) == want and [list(r) for r in ds] == [["n", "m"]] * 5
+    assert [b["m"] for b in ds.batch(5)] == [[None, None, None, "m0", "m1"]]
+    assert [r["m"] for r in tidal.Dataset([tmp_path / "a", tmp_path / "c"], columns=["m"])] == [None] * 3 + ["m0", "m1"]
+    with pytest.raises(tidal.SchemaError, match=r"no column 'mm', nor has any other file"):
+        tidal.Dataset([tmp_path / "a", tmp_path / "c"], columns=["mm"])
 
 
 def test_index_json_is_not_needed(tmp_path: Path) -> None:

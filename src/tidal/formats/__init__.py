@@ -37,10 +37,17 @@ whether it is named itself or found in a directory searched whole, here or in a 
 ``format=`` overrides all of this. Nothing is read to detect a format, so detection is the
 same for a local file and a remote one; only ``exists`` differs (a listing can answer it).
 
-**Schemas**: a scan may record ``columns`` (name to type); :func:`check_schemas` then refuses
-shards of one format that disagree, naming the file. A module that knows its records'
-columns from the scan has ``columns(info) -> list[str] | None``; :func:`check_columns`
-refuses a ``columns=`` name a file does not have before anything is read.
+**Schemas**: the records of a column have one type over a dataset, or it is a SchemaError
+naming the column and files. A scan of a format whose files carry an Arrow schema
+(``ARROW_SCHEMA``: Parquet, Arrow) records it (``info["types"]``), and :func:`agree` decides the
+dataset's types when it is opened (:mod:`tidal.formats.schemas`: promotion, the readers cast the
+files that differ); token files (``TOKEN_DTYPE``) agree on one dtype; CSV agrees its own
+(``agree`` of its module). A scan that records ``columns`` (name to encoding: MDS, LitData,
+CSV) is checked by :func:`check_schemas`: one encoding per column (``COLUMNS_OPTIONAL``: a
+column some files lack is None in theirs), else the same columns in every file. A module that
+knows its records' columns from the scan has ``columns(info) -> list[str] | None``;
+:func:`check_columns` refuses a ``columns=`` name no file has (or, where every file must have
+every column, a file does not have) before anything is read.
 
 **Bad data** is handled in one way by every module: a reader builds the
 :class:`~tidal.errors.RecordError` (or :class:`~tidal.errors.FormatError` for a part of a
@@ -343,15 +350,24 @@ def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[],
 def check_schemas(shards: Any) -> None:
     """Shards of one format must agree on their columns, where their scans recorded them
     (``info["columns"]``: name to encoding, or to "" where a format decides its types over the
-    dataset: MDS, LitData, CSV): a clash named here, by column and file, beats a record that
-    decodes differently, or a batch that cannot be stacked, an hour later. Formats whose files
-    carry Arrow schemas are agreed instead (:func:`agree`). ``shards``: a :class:`tidal.Shards`,
-    read by its columns."""
+    dataset: CSV): a clash named here, by column and file, beats a record that decodes
+    differently, or a batch that cannot be stacked, an hour later. Where a format's records may
+    lack a column some files have (``COLUMNS_OPTIONAL``: MDS, LitData; None there, see
+    :func:`agree`), only its type must agree. Formats whose files carry Arrow schemas are agreed
+    instead (:func:`agree`). ``shards``: a :class:`tidal.Shards`, read by its columns."""
     first: dict[str, tuple[str, Any]] = {}
+    each: dict[tuple[str, str], tuple[str, str]] = {}  # (format, column): the first (encoding, file)
     agreed = {f for f in set(shards.formats) if getattr(module(f), "ARROW_SCHEMA", False)}
+    optional = {f for f in set(shards.formats) if getattr(module(f), "COLUMNS_OPTIONAL", False)}
     for path, fmt, info in zip(shards.paths, shards.formats, shards.infos, strict=True):
         columns = info.get("columns")
         if columns is None or fmt in agreed:
+            continue
+        if fmt in optional:
+            for name, kind in columns.items():
+                seen, where = each.setdefault((fmt, name), (kind, path))
+                if kind != seen and kind and seen:  # "": a type not recorded (an older scan)
+                    raise SchemaError(clash(name, (seen, where), (kind, path), declarable=False))
             continue
         where, seen = first.setdefault(fmt, (path, columns))
         why = _differ(path, columns, where, seen) if seen != columns else ""
@@ -408,6 +424,17 @@ def agree(shards: Any, options: Options | None = None, columns: Sequence[str] | 
         if one is not None:
             mine = [infos[i] for i in at]
             put(at, [info if d in (one, None) else {**info, "cast": one} for info, d in zip(mine, dtypes, strict=True)])
+    for name in names:  # the columns some files of a format lack: None in their records
+        if getattr(module(name), "COLUMNS_OPTIONAL", False):
+            at = [i for i, f in enumerate(shards.formats) if f == name and usable[i] and "columns" in infos[i]]
+            every = list(dict.fromkeys(c for i in at for c in infos[i]["columns"]))
+            put(
+                at,
+                [
+                    infos[i] if list(infos[i]["columns"]) == every else {**infos[i], "dataset_columns": every}
+                    for i in at
+                ],
+            )
     for name in names:
         decide = getattr(module(name), "agree", None)
         if decide is None:
@@ -449,7 +476,7 @@ def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
         if getattr(mod, "FIELDS_OPTIONAL", False):
             union.setdefault(fmt, (path, set()))[1].update(names)
             continue
-        if getattr(mod, "ARROW_SCHEMA", False):  # a column some files lack is null in theirs (tidal.formats.schemas)
+        if getattr(mod, "ARROW_SCHEMA", False) or getattr(mod, "COLUMNS_OPTIONAL", False):  # null where a file lacks it
             union.setdefault("", (path, set()))[1].update(names)
             continue
         missing = [c for c in columns if c not in names]

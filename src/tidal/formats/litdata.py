@@ -52,7 +52,8 @@ LitData registers):
 Each chunk's scan keeps its columns with their types (an Arrow footer's types; a pytree leaf's
 serializer, ``int``, ``str``, ``numpy``...): chunks of a dataset (several LitData directories,
 say) whose column is of two types are a :class:`~tidal.errors.SchemaError` naming the column
-and a chunk of each, when the dataset is opened. Token chunks of several dtypes (uint16 and
+and a chunk of each, when the dataset is opened; a column some chunks lack is None in their
+records. Token chunks of several dtypes (uint16 and
 int32 ids) read as the one that holds them all (:mod:`tidal.formats.schemas`).
 
 LitData keeps no checksum of its own: an item or a zstd frame that does not decode (a frame
@@ -78,15 +79,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tidal.errors import FormatError, RecordError, SchemaError
+from tidal.errors import FormatError, RecordError
 from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
+from tidal.tables import conform
 
 NAME = "litdata"
 __all__ = ["NAME", "claims", "columns", "files", "open", "scan"]
 
 INDEX = "index.json"
 TOKEN_DTYPE = True  # TokensLoader chunks: input_ids of one dtype over the dataset's token files (tidal.formats.schemas)
+COLUMNS_OPTIONAL = True  # a column some chunks of a dataset lack is None in their records
 MANIFEST = INDEX  # what a remote chunk's scan is given the bytes of (tidal.sources.counting)
 FOOTER_MAGIC = b"LDARW01\x00"
 FRAMED_MAGIC = b"LDFZ01\x00\x00"  # the batch layout's first bytes
@@ -437,9 +440,11 @@ class LitdataReader:
         self._tokens = config.get("item_loader") == "TokensLoader"
         self._tree = _spec(config.get("data_spec"))
         names = list(info.get("columns") or {})
-        missing = [c for c in columns or [] if c not in names]
-        if missing:
-            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+        # the columns of its records: those asked for, else the dataset's (tidal.formats.agree), in
+        # that order, None where this chunk lacks one; None: its own, as they are
+        order = columns if columns is not None else info.get("dataset_columns")
+        refill = order is not None and (any(c not in names for c in order) or (columns is None and order != names))
+        self._order = list(order) if refill and order is not None else None
         self._columns = columns
         if "pickle" in _leaf_names(self._formats) and not opts.get("allow_pickle", False):
             raise FormatError(
@@ -534,19 +539,30 @@ class LitdataReader:
         footer = self._chunk.footer
         if footer is not None:
             table = footer.slice(start, stop - start)
+            if self._order is not None:  # the columns it lacks: null (of no type: joined in the block)
+                have = table.schema
+                fields = [have.field(c) if c in have.names else pa.field(c, pa.null()) for c in self._order]
+                return Piece(conform(table, pa.schema(fields)))
             return Piece(table.select(self._columns) if self._columns is not None else table)
         if self._ids is not None:  # token documents: a view each, bounds checked when the chunk opened
             ids, bounds = self._ids, (self._chunk.offsets[start : stop + 1] // self._ids.itemsize).tolist()
             if self._cast is not None:  # the documents are one span of the chunk: widened at once
                 ids = schemas.widen(ids[bounds[0] : bounds[-1]], self._cast, self.path, start)
                 bounds = [b - bounds[0] for b in bounds]
+            if self._order is not None:  # the dataset's other columns: None
+                blank = dict.fromkeys(self._order)
+                return Piece([{**blank, "input_ids": ids[a:z]} for a, z in itertools.pairwise(bounds)])
             return Piece([{"input_ids": ids[a:z]} for a, z in itertools.pairwise(bounds)])
         records: list[Any] = []
         valid: np.ndarray | None = None
         for row in range(start, stop):
             try:
                 rec = self._item(row)
-                records.append(rec if self._columns is None else {c: rec[c] for c in self._columns})
+                if self._order is not None:
+                    rec = {c: rec.get(c) for c in self._order}
+                elif self._columns is not None:
+                    rec = {c: rec[c] for c in self._columns}
+                records.append(rec)
             except data_errors() as exc:  # a pickle may raise anything: allow_pickle trusts the data
                 bad(self._errors, RecordError(f"undecodable LitData item: {exc}", path=self.path, row=row))
                 if valid is None:

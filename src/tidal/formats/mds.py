@@ -23,6 +23,11 @@ them with Pillow. ``pkl`` columns are unpickling, that is running code from the 
 reader that would return one refuses unless ``allow_pickle=True``; leave the column out
 with ``columns=`` to read the rest.
 
+Shards of a dataset (several MDS directories, say) may differ in their columns: a column some
+shards lack is None in their samples (and with ``columns=``), and a column of two encodings is a
+:class:`~tidal.errors.SchemaError` naming the column and a shard of each, when the dataset is
+opened (:func:`tidal.formats.check_schemas`).
+
 A compressed shard is decompressed into memory when a reader opens it (Mosaic's shards are
 64 MB by default), every byte checked (:mod:`tidal.formats.codecs`); an uncompressed one is
 memory-mapped. MDS has no checksum of its own: a sample that does not decode is a
@@ -41,7 +46,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tidal.errors import FormatError, RecordError, SchemaError, needs
+from tidal.errors import FormatError, RecordError, needs
 from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
@@ -79,6 +84,7 @@ _NDARRAY_NAMES = {np.dtype(v).name: v for v in _NDARRAY_DTYPES.values()}
 _TEXT = {"bytes", "str", "str_int", "str_float", "str_decimal", "json"}
 IMAGES = {"jpeg", "png", "pil", "jpeg_array", "jpegarray", "list[jpeg]", "list[png]", "list[pil]"}
 UNSAFE = {"pkl"}
+COLUMNS_OPTIONAL = True  # a column some shards of a dataset lack is None in their samples
 
 
 def _known(encoding: str) -> bool:
@@ -237,9 +243,11 @@ class MdsReader:
                 f"{path}: {self._shard.rows} samples, not the {info['samples']} the index.json beside it says "
                 "(it was counted from that); damaged, or the index.json of other shards?"
             )
-        missing = [c for c in columns or [] if c not in names]
-        if missing:
-            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+        # the columns of its records: those asked for, else the dataset's (tidal.formats.agree), in
+        # that order, None where this shard lacks one; None: its own, as they are
+        order = columns if columns is not None else info.get("dataset_columns")
+        refill = order is not None and (any(c not in names for c in order) or (columns is None and order != names))
+        self._order = list(order) if refill and order is not None else None
         wanted = set(columns or names)
         self._keep = [(i, n) for i, n in enumerate(names) if n in wanted]
         if columns is not None:  # in the order asked
@@ -306,7 +314,7 @@ class MdsReader:
         out = {}
         for i, name in self._keep:
             out[name] = self._value(shard.encodings[i], sample[starts[i] : starts[i + 1]])
-        return out
+        return out if self._order is None else {name: out.get(name) for name in self._order}
 
     def read(self, start: int, stop: int) -> Piece:
         records: list[Any] = []

@@ -96,7 +96,7 @@ def agree(
     read = {t: encode(s) if columns is not None else t for t, s in schemas.items()}
     if all(r == one for r in read.values()):
         return infos  # every file of the dataset's own schema: nothing to cast
-    return [info if read.get(info.get("types"), one) == one else {**info, "cast": one} for info in infos]
+    return [info if read.get(info.get("types") or "", one) == one else {**info, "cast": one} for info in infos]
 
 
 def _warn_untyped(infos: list[dict], paths: Sequence[str]) -> None:

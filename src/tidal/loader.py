@@ -488,7 +488,7 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         self._stream.rings = made or []
         if self.num_workers:
-            warmup.preload_forkserver(self.multiprocessing_context)
+            warmup.preload_readers(self.multiprocessing_context)
         gate = self._stream.warmup = warmup.start_gate(self.multiprocessing_context, self.num_workers, first)
         self._stream.head_start = head_start
         try:

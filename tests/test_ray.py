@@ -106,6 +106,7 @@ def test_the_batches_are_the_local_workers_and_a_killed_reader_changes_none(tmp_
     ds = packed(tmp_path)
     want = list(local(ds, 2))
     loader = on_ray(ds, 2)
+    early = [actor_id(h) for h in loader.readers]  # started when the loader was built (start_early)
     got = []
     for step, batch in enumerate(loader):
         got.append(batch)
@@ -114,7 +115,8 @@ def test_the_batches_are_the_local_workers_and_a_killed_reader_changes_none(tmp_
             ray.kill(killed)
     assert_same_batches(got, want)
     assert got[0]["input_ids"].dtype == want[0]["input_ids"].dtype
-    assert actor_id(loader.readers[1]) != actor_id(killed)
+    assert len(early) == 2 and actor_id(loader.readers[0]) == early[0] != actor_id(loader.readers[1])
+    assert actor_id(killed) == early[1]
     assert loader.stats()["readers_replaced"] == 1
     metrics = loader.metrics()
     assert metrics["batches"] == len(want)
@@ -182,7 +184,9 @@ def test_a_state_moves_between_ray_readers_and_local_workers(tmp_path: Path, clu
     head = list(itertools.islice(local_loader, 9))
     back = on_ray(ds, 2)
     back.load_state_dict(json.loads(json.dumps(local_loader.state_dict())))
+    early = [actor_id(h) for h in back.readers]  # restarted from the state as it was given
     assert_same_batches(head + list(back), want)  # and back
+    assert [actor_id(h) for h in back.readers] == early
 
     # elastic: 2 readers -> 3 local workers -> 1 reader, every record of the epoch once
     elastic = local(ds, 3)

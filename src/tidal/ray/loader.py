@@ -15,6 +15,8 @@ and its replacement starts from the state after the last batch received from it.
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,16 +26,19 @@ import torch
 from tidal.dataset import Dataset
 from tidal.errors import ArgumentError, needs
 from tidal.loader import DataLoader as LocalLoader
+from tidal.loader import _Early
 from tidal.stages.continuous import shared_rows
 from tidal.state.ledger import Ledger
 from tidal.transport.actors import FIXED_OPTIONS, Actors, remote_reader
 from tidal.transport.bundles import Bundle, check_pickles, numeric, prepare
 from tidal.transport.torch import TorchBundle
+from tidal.world import World
 
+_log = logging.getLogger("tidal")
 _ray = needs("ray", "tidal.ray.DataLoader", "ray")
 
 # keyword arguments of tidal.DataLoader that mean something here; the rest are torch's worker settings
-_LOADER_KWARGS = ("batch_size", "drop_last", "pin_memory")
+_LOADER_KWARGS = ("batch_size", "drop_last", "pin_memory", "start_early")
 
 
 def _writable(value: np.ndarray) -> np.ndarray:
@@ -82,7 +87,9 @@ class DataLoader(LocalLoader):
     from it, so no record is lost or repeated. ``loader.readers`` lists the actor handles.
     Under ``torch.distributed`` every rank starts its own ``readers`` readers, which read the
     shares its DataLoader workers would. ``device=``, ``prefetch_to_device=``, ``pin_memory=``,
-    ``batch_size=``, ``log_every=`` are ``tidal.DataLoader``'s.
+    ``batch_size=``, ``log_every=``, ``start_early=`` are ``tidal.DataLoader``'s: the readers start
+    when the loader is built and when it is given a state (their actors take seconds to start,
+    which the script's model restore hides), where the ranks can be known then.
     """
 
     def __init__(
@@ -120,6 +127,7 @@ class DataLoader(LocalLoader):
         self._prefetch_batches = prefetch
         self._reader_timeout = float(reader_timeout)
         self._actors: Actors | None = None
+        self._start_early()  # now that the readers are counted
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> DataLoader:
@@ -138,22 +146,31 @@ class DataLoader(LocalLoader):
 
     @property
     def readers(self) -> list[Any]:
-        """The actor handles of this rank's readers in the pass in progress, in reader order (a
-        replaced reader's replacement in its place); empty before the first ``iter()``."""
+        """The actor handles of this rank's readers, in reader order (a replaced reader's
+        replacement in its place): those of the pass in progress, or started early for the next
+        (``start_early``); empty before any started."""
         return self._actors.handles if self._actors is not None else []
 
     def _start(self) -> Actors:
         """This rank's readers, each started from the ledger's reader state."""
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # torch's iterator's draw, as locally
+        ledger = self._ledger
+        return self._launch_actors(
+            self._stream.ranks, ledger.readers, ledger.first_epoch(), ledger.origin, ledger.weights
+        )
+
+    def _launch_actors(
+        self, ranks: World, readers: list[dict | None], first_epoch: int, origin: dict | None, weights: dict | None
+    ) -> Actors:
         if self._actors is not None:
             self._actors.close()
-        ledger = self._ledger
         self._actors = Actors(
             self.tidal_dataset,
-            self._stream.ranks,
-            ledger.readers,
-            ledger.first_epoch(),
-            ledger.origin,
-            ledger.weights,
+            ranks,
+            readers,
+            first_epoch,
+            origin,
+            weights,
             readers=self._workers,
             options=self._reader_options,
             prefetch=self._prefetch_batches,
@@ -161,6 +178,25 @@ class DataLoader(LocalLoader):
             convert=self._as_torch,
         )
         return self._actors
+
+    def _start_early(self) -> None:
+        """Start the readers now, from where the next ``iter()`` continues (``start_early``), where
+        the ranks can be known now; ``iter()`` takes them only if that is where it would start
+        them itself. Anything that fails here is left to ``iter()``, which raises it."""
+        self._drop_early()
+        if not self._early_on or "_reader_timeout" not in self.__dict__:  # (tidal.DataLoader's __init__ calls it first)
+            return
+        try:
+            ranks = World.settled()
+            if ranks is None:
+                return
+            at = self._ledger.start(ranks)
+            self._check_pickles()
+            actors = self._launch_actors(at.ranks, at.readers, at.first_epoch, at.origin, at.weights)
+        except Exception as exc:
+            _log.debug("tidal.ray: the readers start when iterated: %s", exc)
+            return
+        self._early = _Early(at, actors, weakref.finalize(self, actors.close))
 
     def _as_torch(self, bundle: Bundle) -> TorchBundle:
         made = as_torch(bundle)

@@ -96,6 +96,7 @@ class Reader:
         """The next bundle; an error raised reading, as data; None after the last bundle."""
         try:
             if self._made is None:
+                _threads_of_this_reader()
                 dataset, world, state, first_epoch, origin, weights = self._open
                 where = schema.reader_where(world.rank, world.worker)
                 it = dataset.iterator(world, state, first_epoch, origin, where, weights)
@@ -111,6 +112,18 @@ class Reader:
         import ray
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+def _threads_of_this_reader() -> None:
+    """A reader's threads are the CPUs Ray gave it (``num_cpus``), not a share of its node's cores
+    divided by the rank's readers as for DataLoader workers, which share the training machine:
+    the tokenizer's pool, and the threads that read blocks. Values the user set are kept."""
+    import ray
+
+    cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    os.environ.setdefault("RAYON_NUM_THREADS", str(cpus))
+    if cpus > 1:  # (1 would mean no thread: a reader of one CPU reads as a worker of one core's share)
+        os.environ.setdefault("TIDAL_READ_THREADS", str(min(4, cpus)))
 
 
 def _shifted(mark: Mark, base: Streams | None) -> Mark:

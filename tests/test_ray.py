@@ -258,8 +258,9 @@ def test_two_ranks_under_torchrun_with_two_readers_each_read_as_two_workers_each
 
 
 def note(folder: str, record: dict) -> dict:
-    """Writes a file per record read (in the reader, wherever it runs): what the readers made."""
-    Path(folder, str(record["id"])).touch()
+    """Writes a file per record read (in the reader, wherever it runs): what the readers made, and
+    the tokenizer threads a reader runs (those of its CPUs)."""
+    Path(folder, str(record["id"])).write_text(os.environ.get("RAYON_NUM_THREADS", "unset"))
     return record
 
 
@@ -274,6 +275,7 @@ def test_a_reader_makes_at_most_prefetch_batches_ahead(tmp_path: Path, cluster: 
     for handle in loader.readers:  # a reader answers in order: once this returns, it has made what it was asked
         ray.get(handle.where.remote())
     assert 4 * 4 < len(list(made.iterdir())) <= (4 + 2 * 4) * 4  # each at most 4 batches ahead, of 75
+    assert {f.read_text() for f in made.iterdir()} == {"1"}  # a quarter of a CPU: one thread
     loader.close()
     assert len(taken) == 4
 

@@ -140,7 +140,7 @@ def test_a_column_of_two_encodings_is_an_error_naming_it_and_a_column_some_shard
     assert list(ds) == want and [list(r) for r in ds] == [["n", "m"]] * 5
     assert [b["m"] for b in ds.batch(5)] == [[None, None, None, "m0", "m1"]]
     assert [r["m"] for r in tidal.Dataset([tmp_path / "a", tmp_path / "c"], columns=["m"])] == [None] * 3 + ["m0", "m1"]
-    with pytest.raises(tidal.SchemaError, match=r"no column 'mm', nor has any other file"):
+    with pytest.raises(tidal.SchemaError, match=r"no column 'mm' \(columns: .*\), nor has any other file"):
         tidal.Dataset([tmp_path / "a", tmp_path / "c"], columns=["mm"])
 
 

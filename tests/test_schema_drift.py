@@ -110,7 +110,7 @@ def test_a_column_some_files_lack_is_null_there_with_columns_too(tmp_path: Path)
     assert list(tidal.Dataset(root, columns=["lang", "id"])) == [{"lang": r["lang"], "id": r["id"]} for r in EXPECTED]
     assert list(tidal.Dataset(root / "c.parquet", columns=["id"])) == [{"id": 5}]
     assert [b["lang"] for b in tidal.Dataset(root, columns=["lang"]).batch(3)] == [[None] * 3, ["en", "fr", None]]
-    with pytest.raises(tidal.SchemaError, match=r"no column 'langg', nor has any other file"):
+    with pytest.raises(tidal.SchemaError, match=r"no column 'langg' \(columns: .*\), nor has any other file"):
         tidal.Dataset(root, columns=["langg"])
 
 

@@ -486,7 +486,7 @@ def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
         missing = [c for c in columns if c not in names]
         if missing and not fmt:
             raise SchemaError(
-                f"{path}: no column {missing[0]!r}, nor has any other file (columns: {', '.join(sorted(names))})"
+                f"{path}: no column {missing[0]!r} (columns: {', '.join(sorted(names))}), nor has any other file"
             )
         if missing:
             raise SchemaError(

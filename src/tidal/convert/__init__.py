@@ -216,7 +216,7 @@ def _publish(job: Job, entries: list[dict]) -> None:
     if job.to == "parquet":
         from tidal.sources.index_file import INDEX_NAME, index_json
 
-        keep = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash")
+        keep = ("bytes", "mtime_ns", "version", "format", "compression", "rows", "info", "hash", "scan")
         shards = {e["name"]: {key: e[key] for key in keep if key in e} for e in kept}
         job.output.write_text(INDEX_NAME, index_json(shards).decode())
     else:

@@ -136,10 +136,11 @@ class ParquetShardWriter:
             return None
         self._writer.close()
         self._writer = None
+        from tidal.formats import scan_version
         from tidal.formats.parquet import scan
         from tidal.storage.cache import default_algorithm, file_digest
 
-        info = scan(str(self.file), None)  # what tidal's index keeps: row groups, column sizes
+        info = scan(str(self.file), None)  # what tidal's index keeps: row groups, column sizes and types
         rows = info.pop("rows")
         entry = {
             "rows": rows,
@@ -149,6 +150,8 @@ class ParquetShardWriter:
             "info": info,
             "hash": file_digest(self.file, default_algorithm()),
         }
+        if scan_version("parquet") != 1:  # the scan it is: an entry of another is scanned again
+            entry["scan"] = scan_version("parquet")
         return self.file, entry
 
     def abort(self) -> None:

@@ -37,6 +37,7 @@ import functools
 import json
 import logging
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Generator, Iterator, Mapping
@@ -174,7 +175,7 @@ class Loader:
         at = ledger.start(ranks)
         if early is not None and early.start == at:
             running = early
-            running.adopt(self, together)
+            running.adopt(self, together)  # (after new_pass: what its readers counted is this pass's)
         else:
             if early is not None:
                 early.abandon()
@@ -312,8 +313,10 @@ class LoaderIterator(Iterator[dict]):
         return loader
 
     def adopt(self, loader: Loader, together: bool) -> None:
-        """``iter()`` takes this pass, started early: from now on it holds its loader."""
+        """``iter()`` takes this pass, started early: from now on it holds its loader, and what
+        its readers counted goes to the loader's metrics."""
         self._held, self._together = loader, together
+        self._counts.adopt()
 
     def _start(self, at: Start, early: bool = False) -> None:
         """The readers from ``at``'s reader states, under its weights. ``early``, with neither
@@ -336,7 +339,8 @@ class LoaderIterator(Iterator[dict]):
         if loader._sharding is None:
             loader._sharding = data_sharding()
         globalize = functools.partial(Loader._globalize, sharding=loader._sharding, batch_size=loader.batch_size)
-        made = _made(self._pool, loader._workers, at.next_worker, globalize, split, loader._meter)
+        self._counts = _Counts(loader._meter, held=early)
+        made = _made(self._pool, loader._workers, at.next_worker, globalize, split, self._counts)
         self._source: Ahead[tuple[list, int, dict]] | HeadStart[tuple[list, int, dict]] | Generator = made
         if loader._prefetch:
             self._source = Ahead(made, loader._prefetch, "tidal-jax-prefetch")
@@ -390,6 +394,7 @@ class LoaderIterator(Iterator[dict]):
         if self._done:
             return
         self._done = True
+        self._counts.drop()  # its threads may count on a while: not into the loader's metrics
         if isinstance(self._source, Ahead):
             self._source.stop()
         else:
@@ -409,16 +414,46 @@ def _jax_runs() -> bool:
     return bool(up is not None and up())
 
 
+class _Counts:
+    """Where a pass's readers' counters go: the loader's meter, or, for a pass started early,
+    held until ``iter()`` adopts it (its meter starts a new pass then) and dropped if it does not."""
+
+    def __init__(self, meter: Meter, held: bool):
+        self._meter = meter
+        self._held: dict[int, dict] | None = {} if held else None
+        self._dropped = False
+        self._lock = threading.Lock()
+
+    def bundle(self, worker: int, stats: dict) -> None:
+        with self._lock:
+            if self._dropped:
+                return
+            if self._held is not None:
+                self._held[worker] = stats
+            else:
+                self._meter.bundle(worker, stats)
+
+    def adopt(self) -> None:
+        with self._lock:
+            for worker, stats in (self._held or {}).items():
+                self._meter.bundle(worker, stats)
+            self._held = None
+
+    def drop(self) -> None:
+        with self._lock:
+            self._dropped = True
+
+
 def _made(
-    pool: Pool, workers: int, start: int, globalize: Any, split: bool = False, meter: Meter | None = None
+    pool: Pool, workers: int, start: int, globalize: Any, split: bool = False, counts: _Counts | Meter | None = None
 ) -> Generator[tuple[list, int, dict]]:
     """``([(worker, reader state after it, mark)], tokens, global batch)`` in round-robin order; with
     ``split`` (continuous rows over several workers), each batch one of every worker's side by side."""
-    items = round_robin(pool.fetch, workers, start, meter.bundle if meter is not None else None)
+    items = round_robin(pool.fetch, workers, start, counts.bundle if counts is not None else None)
     for group in steps(items, workers) if split else ([item] for item in items):
-        if meter is not None:
+        if counts is not None:
             for w, bundle, _ in group:
-                meter.bundle(w, bundle.stats)
+                counts.bundle(w, bundle.stats)
         parts = [bundle.item(j) for _, bundle, j in group]
         batch = side_by_side(parts, np.concatenate) if split else parts[0]
         ids = batch.get("input_ids") if isinstance(batch, dict) else None

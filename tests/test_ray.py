@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import itertools
 import json
 import os
@@ -62,6 +63,13 @@ def cluster() -> Iterator[Any]:
         made.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def readers_let_go() -> Iterator[None]:
+    """A loader's readers live as long as it does: after each test, those of its loaders go."""
+    yield
+    gc.collect()
+
+
 def local(ds: tidal.Dataset, workers: int) -> tidal.DataLoader:
     """The local loader the Ray readers are held to: its workers come from a fork server, never
     forked from this process, whose Ray client runs threads."""
@@ -104,7 +112,8 @@ def actor_id(handle: Any) -> str:
 
 def test_the_batches_are_the_local_workers_and_a_killed_reader_changes_none(tmp_path: Path, cluster: Any) -> None:
     ds = packed(tmp_path)
-    want = list(local(ds, 2))
+    reference = local(ds, 2)
+    want = list(reference)
     loader = on_ray(ds, 2)
     early = [actor_id(h) for h in loader.readers]  # started when the loader was built (start_early)
     got = []
@@ -121,6 +130,11 @@ def test_the_batches_are_the_local_workers_and_a_killed_reader_changes_none(tmp_
     metrics = loader.metrics()
     assert metrics["batches"] == len(want)
     assert metrics["tokens"] == sum(int((b["segment_ids"] != 0).sum()) for b in want)
+    # the next pass (the next epoch) on the same actors, opened again where they are
+    readers = [actor_id(h) for h in loader.readers]
+    assert_same_batches(list(loader), list(reference))
+    assert [actor_id(h) for h in loader.readers] == readers
+    loader.close()
 
 
 def test_a_node_removed_with_its_readers_changes_nothing(tmp_path: Path, cluster: Any) -> None:
@@ -173,8 +187,11 @@ def test_a_state_moves_between_ray_readers_and_local_workers(tmp_path: Path, clu
     want = list(local(ds, 2))
 
     ray_loader = on_ray(ds, 2)
+    built = [actor_id(h) for h in ray_loader.readers]
     head = list(itertools.islice(ray_loader, 7))
     saved = json.loads(json.dumps(ray_loader.state_dict()))
+    ray_loader.load_state_dict(saved)  # its readers opened again at the state, not started again
+    assert [actor_id(h) for h in ray_loader.readers] == built
     ray_loader.close()
     local_loader = local(ds, 2)
     local_loader.load_state_dict(saved)
@@ -276,8 +293,11 @@ def test_a_reader_makes_at_most_prefetch_batches_ahead(tmp_path: Path, cluster: 
         ray.get(handle.where.remote())
     assert 4 * 4 < len(list(made.iterdir())) <= (4 + 2 * 4) * 4  # each at most 4 batches ahead, of 75
     assert {f.read_text() for f in made.iterdir()} == {"1"}  # a quarter of a CPU: one thread
+    again = iter(loader)  # a new pass takes the readers: the old one cannot read on as if it had them
+    assert len(taken) == 4 and next(again) is not None
+    with pytest.raises(tidal.TidalError, match="superseded: a newer iter"):
+        list(running)
     loader.close()
-    assert len(taken) == 4
 
 
 def test_an_error_in_a_reader_is_raised_as_it_is(tmp_path: Path, cluster: Any) -> None:

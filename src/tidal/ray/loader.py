@@ -29,7 +29,7 @@ from tidal.loader import DataLoader as LocalLoader
 from tidal.loader import _Early
 from tidal.stages.continuous import shared_rows
 from tidal.state.ledger import Ledger
-from tidal.transport.actors import FIXED_OPTIONS, Actors, remote_reader
+from tidal.transport.actors import FIXED_OPTIONS, Actors, Session, remote_reader
 from tidal.transport.bundles import Bundle, check_pickles, numeric, prepare
 from tidal.transport.torch import TorchBundle
 from tidal.world import World
@@ -151,8 +151,8 @@ class DataLoader(LocalLoader):
         (``start_early``); empty before any started."""
         return self._actors.handles if self._actors is not None else []
 
-    def _start(self) -> Actors:
-        """This rank's readers, each started from the ledger's reader state."""
+    def _start(self) -> Session:
+        """This rank's readers, each opened at the ledger's reader state."""
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # torch's iterator's draw, as locally
         ledger = self._ledger
         return self._launch_actors(
@@ -161,23 +161,19 @@ class DataLoader(LocalLoader):
 
     def _launch_actors(
         self, ranks: World, readers: list[dict | None], first_epoch: int, origin: dict | None, weights: dict | None
-    ) -> Actors:
-        if self._actors is not None:
-            self._actors.close()
-        self._actors = Actors(
-            self.tidal_dataset,
-            ranks,
-            readers,
-            first_epoch,
-            origin,
-            weights,
-            readers=self._workers,
-            options=self._reader_options,
-            prefetch=self._prefetch_batches,
-            timeout=self._reader_timeout,
-            convert=self._as_torch,
-        )
-        return self._actors
+    ) -> Session:
+        """The readers opened for a pass: the actors of the last pass where they are (opened again,
+        not started again: an actor takes seconds to start), else new ones."""
+        if self._actors is None or self._actors.closed:
+            self._actors = Actors(
+                self.tidal_dataset,
+                readers=self._workers,
+                options=self._reader_options,
+                prefetch=self._prefetch_batches,
+                timeout=self._reader_timeout,
+                convert=self._as_torch,
+            )
+        return self._actors.start(ranks, readers, first_epoch, origin, weights)
 
     def _start_early(self) -> None:
         """Start the readers now, from where the next ``iter()`` continues (``start_early``), where
@@ -192,11 +188,11 @@ class DataLoader(LocalLoader):
                 return
             at = self._ledger.start(ranks)
             self._check_pickles()
-            actors = self._launch_actors(at.ranks, at.readers, at.first_epoch, at.origin, at.weights)
+            session = self._launch_actors(at.ranks, at.readers, at.first_epoch, at.origin, at.weights)
         except Exception as exc:
             _log.debug("tidal.ray: the readers start when iterated: %s", exc)
             return
-        self._early = _Early(at, actors, weakref.finalize(self, actors.close))
+        self._early = _Early(at, session, weakref.finalize(self, session.park))
 
     def _as_torch(self, bundle: Bundle) -> TorchBundle:
         made = as_torch(bundle)
@@ -206,9 +202,12 @@ class DataLoader(LocalLoader):
         check_pickles(self.tidal_dataset.stage, "tidal.ray readers (Ray actors)")
 
     def close(self) -> None:
-        """Stop this rank's readers now (a later ``iter()`` starts them again)."""
+        """Stop this rank's readers now (a later ``iter()`` starts new ones). They live as long as
+        the loader otherwise, idle between passes, as torch's ``persistent_workers``."""
+        self._drop_early()
         if self._actors is not None:
             self._actors.close()
+            self._actors = None
 
 
 def _checked_options(options: Mapping[str, Any] | None) -> dict:

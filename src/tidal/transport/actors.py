@@ -1,11 +1,13 @@
 """Readers as Ray actors: a rank's readers on a Ray cluster's CPUs, each a worker that lives elsewhere.
 
 :class:`Reader` is one reader (rank x reader, as a DataLoader worker is rank x worker): an
-actor that opens the dataset at its reader state and answers each ``next()`` call with its
-next bundle of at most ``chunk`` batches, with the reader state after each
-(:mod:`tidal.transport.bundles`). :class:`Actors` runs one rank's readers and is asked for
-reader ``w``'s next bundle (``fetch(w)``), as :class:`tidal.transport.pool.Pool` is for threads
-and spawned processes.
+actor that opens the dataset at a reader state (``open``) and answers each ``next()`` call with
+its next bundle of at most ``chunk`` batches, with the reader state after each
+(:mod:`tidal.transport.bundles`). :class:`Actors` holds one rank's readers for the life of a
+loader and starts them, for a pass, from the ledger's reader states (:meth:`Actors.start`: the
+actors are opened again where they are, not started again: an actor takes seconds to start);
+the :class:`Session` it returns is asked for reader ``w``'s next bundle (``fetch(w)``), as
+:class:`tidal.transport.pool.Pool` is for threads and spawned processes.
 
 - **Back-pressure.** An actor answers its calls in order and makes a bundle only when asked.
   ``fetch(w)`` asks for the next bundle as it receives one, so a reader makes one bundle while
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidal.errors import StorageError, needs
+from tidal.errors import StorageError, TidalError, needs
 from tidal.metrics import Mark, Streams
 from tidal.stages import add_stats
 from tidal.state import schema
@@ -73,33 +75,33 @@ def _contiguous(value: np.ndarray) -> np.ndarray:
 
 
 class Reader:
-    """One reader on a Ray worker: reader ``world.worker`` of rank ``world.rank``, from ``state``.
+    """One reader on a Ray worker, of ``dataset``: made an actor by :class:`Actors` (``ray.remote``),
+    opened at a reader state by :meth:`open`. The dataset is opened at the first ``next()``, so an
+    error opening it comes back as the answer to that call, not as a dead actor."""
 
-    Made an actor by :class:`Actors` (``ray.remote``); the dataset is opened at the first call,
-    so an error opening it comes back as the answer to that call, not as a dead actor."""
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        world: World,
-        state: dict | None,
-        first_epoch: int,
-        origin: dict | None,
-        weights: dict | None,
-        chunk: int,
-    ):
-        self._open = (dataset, world, state, first_epoch, origin, weights)
+    def __init__(self, dataset: Dataset, chunk: int):
+        self._dataset = dataset
         self._chunk = chunk
+        self._open: tuple | None = None
         self._made: Iterator[Bundle] | None = None
+
+    def open(
+        self, world: World, state: dict | None, first_epoch: int, origin: dict | None, weights: dict | None
+    ) -> None:
+        """Read, from the next call on, as reader ``world.worker`` of rank ``world.rank`` from ``state``."""
+        if self._made is not None:
+            getattr(self._made, "close", lambda: None)()  # (a generator: its files closed)
+        self._open, self._made = (world, state, first_epoch, origin, weights), None
 
     def next(self) -> Bundle | _Failure | None:
         """The next bundle; an error raised reading, as data; None after the last bundle."""
         try:
             if self._made is None:
+                assert self._open is not None, "a reader is opened before it is asked"
                 _threads_of_this_reader()
-                dataset, world, state, first_epoch, origin, weights = self._open
+                world, state, first_epoch, origin, weights = self._open
                 where = schema.reader_where(world.rank, world.worker)
-                it = dataset.iterator(world, state, first_epoch, origin, where, weights)
+                it = self._dataset.iterator(world, state, first_epoch, origin, where, weights)
                 self._made = bundles(it, world.worker, True, _contiguous, self._chunk)
             return next(self._made)
         except StopIteration:
@@ -149,24 +151,17 @@ def _shifted(mark: Mark, base: Streams | None) -> Mark:
 
 
 class Actors:
-    """One rank's ``readers`` readers as Ray actors; ``fetch(w)`` is reader ``w``'s next bundle,
-    made by ``convert`` into what the loop takes.
+    """One rank's ``readers`` readers of ``dataset`` as Ray actors, for the life of a loader.
 
-    ``states``: per reader, the reader state to start from (None: the start of its share).
-    ``options``: the actor options of each reader (``num_cpus``, ``resources``,
-    ``scheduling_strategy``, ...). ``timeout``: seconds a reader may take to send its next
-    bundle before it is treated as dead. Iterating it (the loader does at the end of a pass)
-    closes it.
+    :meth:`start` opens them for a pass and returns the :class:`Session` that fetches their
+    bundles, made by ``convert`` into what the loop takes. ``options``: the actor options of each
+    reader (``num_cpus``, ``resources``, ``scheduling_strategy``, ...). ``timeout``: seconds a
+    reader may take to send its next bundle before it is treated as dead. :meth:`close` stops them.
     """
 
     def __init__(
         self,
         dataset: Dataset,
-        ranks: World,
-        states: list[dict | None],
-        first_epoch: int,
-        origin: dict | None,
-        weights: dict | None,
         *,
         readers: int,
         options: dict,
@@ -179,36 +174,55 @@ class Actors:
             ray.init()  # RAY_ADDRESS's cluster, or a local one
         self._ray = ray
         self._n = readers
-        self._rank = ranks.rank
         self._convert = convert
         self._timeout = timeout
         self._chunk = max(1, prefetch // 2)
         self._eager = 2 * self._chunk <= prefetch  # ask for the next bundle as one arrives
         self._remote = remote_reader(ray, options)
         self._dataset = ray.put(dataset)  # pickled once for all readers (and their replacements)
-        self._opened = (first_epoch, origin, weights)
-        self._worlds = [ranks.with_worker(w, readers) for w in range(readers)]
-        self._last: list[dict | None] = list(states)  # per reader, its state after the last batch received
+        self._handles: list[Any] = [self._remote.remote(self._dataset, self._chunk) for _ in range(readers)]
+        self._pending: list[deque[Any]] = [deque() for _ in range(readers)]  # calls sent, oldest first
+        self._rank = 0
+        self._opened: tuple = ()
+        self._worlds: list[World] = []
+        self._last: list[dict | None] = [None] * readers  # per reader, its state after the last batch received
         self._stats: list[dict] = [{} for _ in range(readers)]  # its counters as of its last bundle
         self._streams: list[Streams | None] = [None] * readers  # its mixture's counts after its last batch
         self._base_stats: list[dict] = [{} for _ in range(readers)]  # counters of the readers it replaced
         self._base_streams: list[Streams | None] = [None] * readers
         self._lost = [0] * readers  # times replaced since its last bundle
-        self._handles: list[Any] = [None] * readers
-        self._pending: list[deque[Any]] = [deque() for _ in range(readers)]  # calls sent, oldest first
-        self._closed = False
-        for w in range(readers):
-            self._launch(w)
+        self.session = 0  # the pass the readers read for (Session)
+        self.closed = False
 
     @property
     def handles(self) -> list[Any]:
         """The readers' actor handles, in reader order (replacements in place of those they replaced)."""
         return list(self._handles)
 
-    def _launch(self, w: int) -> None:
-        world = self._worlds[w]
-        self._handles[w] = self._remote.remote(self._dataset, world, self._last[w], *self._opened, self._chunk)
-        self._pending[w] = deque([self._handles[w].next.remote()])
+    def start(
+        self, ranks: World, states: list[dict | None], first_epoch: int, origin: dict | None, weights: dict | None
+    ) -> Session:
+        """Open every reader for a pass as rank ``ranks``, reader ``w`` from ``states[w]`` (None: the
+        start of its share); the session fetches their bundles. Calls of an earlier pass still
+        running are answered and dropped (a reader opened again finishes them first)."""
+        self.park()
+        self.session += 1
+        self._rank, self._opened = ranks.rank, (first_epoch, origin, weights)
+        self._worlds = [ranks.with_worker(w, self._n) for w in range(self._n)]
+        self._last = list(states)
+        self._stats = [{} for _ in range(self._n)]
+        self._streams = [None] * self._n
+        self._base_stats = [{} for _ in range(self._n)]
+        self._base_streams = [None] * self._n
+        self._lost = [0] * self._n
+        for w in range(self._n):
+            self._open(w)
+        return Session(self, self.session)
+
+    def _open(self, w: int) -> None:
+        handle = self._handles[w]
+        handle.open.remote(self._worlds[w], self._last[w], *self._opened)
+        self._pending[w] = deque([handle.next.remote()])
 
     def fetch(self, w: int) -> Bundle:
         """Reader ``w``'s next bundle; an error it raised is raised here; a reader that died or
@@ -256,8 +270,7 @@ class Actors:
     def _replace(self, w: int, why: str) -> None:
         """A new actor for reader ``w``, from the state after the last batch received from it."""
         self._lost[w] += 1
-        handle = self._handles[w]
-        self._kill(handle)
+        self._kill(self._handles[w])
         if self._lost[w] > LOST:
             raise StorageError(
                 f"tidal.ray reader {w} of rank {self._rank} was lost {LOST + 1} times in a row before it sent a "
@@ -273,7 +286,8 @@ class Actors:
         self._base_stats[w] = add_stats(self._stats[w], {"readers_replaced": 1})
         self._stats[w] = self._base_stats[w]
         self._base_streams[w] = self._streams[w]
-        self._launch(w)
+        self._handles[w] = self._remote.remote(self._dataset, self._chunk)
+        self._open(w)
 
     def _kill(self, handle: Any) -> None:
         try:  # noqa: SIM105  (not contextlib: this may run as the interpreter exits, its modules gone)
@@ -281,23 +295,54 @@ class Actors:
         except Exception:  # dead already, or its node gone
             pass
 
-    def close(self) -> None:
-        """Stop every reader (again: nothing)."""
-        if self._closed:
-            return
-        self._closed = True
-        for handle in self._handles:
-            self._kill(handle)
+    def park(self) -> None:
+        """Ask the readers for nothing more (what they were asked is dropped); they stay, to be
+        opened again by the next :meth:`start`."""
         for pending in self._pending:  # (no module global here: this may run as the interpreter exits)
             pending.clear()
 
-    _shutdown_workers = close  # what tidal.DataLoader calls to stop its workers
+    def close(self) -> None:
+        """Stop every reader (again: nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.park()
+        for handle in self._handles:
+            self._kill(handle)
+
+
+class Session(Iterator[Bundle]):
+    """The readers of :class:`Actors` for one pass: ``fetch(w)`` is reader ``w``'s next bundle.
+    A pass started since (a new ``iter()``, ``set_weights``, a state loaded) took the readers:
+    this session fetches nothing more. Iterating it (the loader drains its workers at the end
+    of a pass) lets the readers go idle."""
+
+    def __init__(self, actors: Actors, session: int):
+        self._actors, self._session = actors, session
+
+    def _current(self) -> bool:
+        return self._actors.session == self._session and not self._actors.closed
+
+    def fetch(self, w: int) -> Bundle:
+        if not self._current():
+            raise TidalError(
+                "this pass over a tidal.ray.DataLoader was superseded: a newer iter(), set_weights or "
+                "load_state_dict took its readers (or the loader was closed)"
+            )
+        return self._actors.fetch(w)
+
+    def park(self) -> None:
+        """The readers go idle (if this session still holds them)."""
+        if self._current():
+            self._actors.park()
+
+    _shutdown_workers = park  # what tidal.DataLoader calls to stop its workers
 
     def __iter__(self) -> Iterator[Bundle]:
         return self
 
-    def __next__(self) -> Bundle:  # the loader drains its workers at the end of a pass: all ended
-        self.close()
+    def __next__(self) -> Bundle:
+        self.park()
         raise StopIteration
 
 

@@ -9,7 +9,9 @@ file, so a truncated or corrupt one fails its scan (a FormatError naming the fil
 byte), and the index never counts lines that could not be read back.
 
 ``path`` names the file in errors; the bytes are read from ``file`` when it is given (a
-remote shard's local copy in the shard cache, passed as ``info["file"]`` or ``file=``).
+remote shard's local copy in the shard cache, passed as ``info["file"]`` or ``file=``), or, for a
+large remote file that is not compressed, from a function that opens it for ranged reads: a
+reader then reads from the checkpoint before the rows asked for, not the file from its start.
 """
 
 from __future__ import annotations
@@ -114,9 +116,9 @@ class LineReader:
     def __init__(self, path: str, compression: str | None, info: dict):
         self.path = path
         where = source(path, info)
-        if not isinstance(where, str):
-            raise FormatError(f"{path}: line files are read from a local copy, not by ranges")
-        self._source = where  # a local path: the file, or a remote shard's copy in the cache
+        if not isinstance(where, str) and (compression is not None or not callable(where)):
+            raise FormatError(f"{path}: a compressed line file is read from a local copy, not by ranges")
+        self._source = where  # a local path (the file, or a remote shard's copy in the cache), or an opener
         self._compression = compression
         self._checkpoints = info.get("checkpoints", [])
         self._file: IO[bytes] | None = None
@@ -131,7 +133,8 @@ class LineReader:
 
     def _open_at(self, row: int) -> None:
         self.close()
-        self._file = open_stream(self.path, self._source, self._compression)
+        where = self._source
+        self._file = open_stream(self.path, where if isinstance(where, str) else where(), self._compression)
         self._row = line = 0
         if self._compression is None and self._checkpoints:
             k = min(row // CHECKPOINT_ROWS, len(self._checkpoints) - 1)

@@ -16,12 +16,16 @@ once the store has said it still has that version: one HEAD the first time a rea
 which a download does anyway before its GETs.
 
 :class:`RangeFile` is the other way: a seekable file whose reads are ranged GETs, for
-reading a few columns or row groups of a large Parquet file without downloading all of it.
+reading the row groups a block needs of a large Parquet file, or the lines of a slice of a large
+line file (from the index's line offsets), without downloading all of it. What the first batches
+of a reader's first block read by point reads is :class:`Kept` in memory until the block, read
+behind them, has read it again: those bytes come over the network once.
 """
 
 from __future__ import annotations
 
 import io
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,6 +54,7 @@ class Fetcher:
         self.data = data  # fetches for reading (else: for indexing, in the process that builds the dataset)
         self.stats = stats if stats is not None else Stats()
         self.cache = Cache(storage.root, storage.limit, self.stats, verify=storage.verify, hashes=not data)
+        self.kept = Kept()  # ranges read by point reads, for the block read behind them
         self._remotes: dict[str, Remote] = {}
         self._confirmed: set[str] = set()  # keys of entries the store said it still has, as indexed
         self._parts: ThreadPoolExecutor | None = None
@@ -170,14 +175,18 @@ class Fetcher:
             self._parts = ThreadPoolExecutor(self.storage.parallel * 2, thread_name_prefix="tidal-part")
         return self._parts
 
-    def range_file(self, url: str, size: int, version: str | None = None, *, check: bool = False) -> RangeFile:
+    def range_file(
+        self, url: str, size: int, version: str | None = None, *, check: bool = False, window: int = 0
+    ) -> RangeFile:
         """Ranged reads of the file ``url`` listed (or, ``check``, indexed) with ``size`` and
-        ``version``: one that is no longer that file is an error, never read as if it were."""
+        ``version``: one that is no longer that file is an error, never read as if it were.
+        ``window``: reads rounded out to windows of that many bytes (see :class:`RangeFile`)."""
         entry = Entry(url, size, version, check=check)
         remote = self.remote(url)
         if check and entry.key not in self._confirmed:
             self._confirm(remote, entry)
-        return RangeFile(remote, url, size, self.stats, check=lambda exc: self._vet(remote, entry, exc))
+        check_read = lambda exc: self._vet(remote, entry, exc)  # noqa: E731
+        return RangeFile(remote, url, size, self.stats, check=check_read, kept=self.kept, window=window)
 
     def ranged_reads(self, url: str) -> bool:
         """Whether reading a few parts of ``url`` in place moves fewer bytes than fetching it: not
@@ -253,21 +262,77 @@ def gone(entry: Entry, why: str | None = None) -> StorageError:
     return StorageError(f"{url} is gone from the store{said}: deleted or moved {since}: {fix}", url=url, permanent=True)
 
 
+KEPT_BYTES = 256 << 20  # the most that point reads keep for the block behind them
+
+
+class Kept:
+    """Ranges of remote files read while :attr:`keeping` is on (a reader's point reads: the first
+    batches of its first block, :mod:`tidal.stages.blocks`), served again from memory to any read
+    that falls inside one (the block read behind them reads the same row groups and lines) until
+    :meth:`drop`. At most :data:`KEPT_BYTES`; past that a range is not kept, only read again."""
+
+    def __init__(self, limit: int = KEPT_BYTES):
+        self.limit = limit
+        self.keeping = False
+        self._lock = threading.Lock()
+        self._ranges: dict[str, list[tuple[int, bytes]]] = {}
+        self._bytes = 0
+
+    def get(self, url: str, start: int, n: int) -> bytes | None:
+        """Bytes ``[start, start + n)`` of ``url`` where a kept range holds them all, else None."""
+        with self._lock:
+            for at, data in self._ranges.get(url, ()):
+                if at <= start and start + n <= at + len(data):
+                    return data[start - at : start - at + n]
+        return None
+
+    def put(self, url: str, start: int, data: bytes) -> None:
+        """Keep ``data`` (bytes of ``url`` from ``start``) while keeping, and within the limit."""
+        if not self.keeping:
+            return
+        with self._lock:
+            if self._bytes + len(data) <= self.limit:
+                self._ranges.setdefault(url, []).append((start, data))
+                self._bytes += len(data)
+
+    def drop(self) -> None:
+        """Stop keeping, and let go of every range kept."""
+        with self._lock:
+            self.keeping = False
+            self._ranges.clear()
+            self._bytes = 0
+
+
 class RangeFile(io.RawIOBase):
     """A read-only, seekable view of a remote file: every read is one ranged GET, retried; from a
     server that ignores ``Range``, the whole file in one GET, every read served from it.
+
+    ``window``: reads are rounded out to windows of that many bytes, the last one kept: a line
+    file is read a megabyte at a time, a GET of a few windows' worth each time; None or 0: each
+    read is the range asked for (Parquet: pyarrow asks for a row group's column chunks at once).
+    ``kept``: ranges a reader's point reads read, served from memory (:class:`Kept`).
 
     >>> pq.ParquetFile(fetcher.range_file(url, size))   # reads the footer, then only what is asked
     """
 
     def __init__(
-        self, remote: Remote, url: str, size: int, stats: Stats, check: Callable[[BaseException], None] | None = None
+        self,
+        remote: Remote,
+        url: str,
+        size: int,
+        stats: Stats,
+        check: Callable[[BaseException], None] | None = None,
+        *,
+        kept: Kept | None = None,
+        window: int = 0,
     ):
         super().__init__()
         self._remote, self.url, self.size, self._stats = remote, url, size, stats
         self._check = check  # sees a failed read's error: the file may have changed (see Fetcher.range_file)
+        self._kept, self._window = kept, window
         self._pos = 0
         self._whole: bytes | None = None  # all of the file, where its server ignores Range
+        self._last: tuple[int, bytes] = (0, b"")  # the last window read (with ``window``)
 
     def __repr__(self) -> str:
         return f"RangeFile({redact(self.url)!r})"
@@ -290,19 +355,38 @@ class RangeFile(io.RawIOBase):
         n = max(0, min(len(buffer), self.size - self._pos))
         if n == 0:
             return 0
+        if self._window:
+            at, last = self._last
+            if not (at <= self._pos and self._pos + n <= at + len(last)):
+                w = self._window
+                lo = self._pos // w * w
+                self._last = (lo, self._range(lo, min(self.size, -(-(self._pos + n) // w) * w)))
+            at, last = self._last
+            data = last[self._pos - at : self._pos - at + n]
+        else:
+            data = self._range(self._pos, self._pos + n)
+        memoryview(buffer).cast("B")[:n] = data
+        self._pos += n
+        return n
+
+    def _range(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)``: kept from a point read, or one ranged GET (kept while keeping)."""
+        kept = self._kept.get(self.url, start, end - start) if self._kept is not None else None
+        if kept is not None:
+            return kept
         t0 = time.monotonic()
         if self._whole is None and self._remote.ignores_ranges(self.url):  # the server sends all: once
             self._whole = self._remote.cat(self.url, size=self.size, check=self._check)
         if self._whole is not None:
-            data = self._whole[self._pos : self._pos + n]
+            data = self._whole[start:end]
         else:
-            at, data = self._remote.get(self.url, self._pos, self._pos + n, size=self.size, check=self._check)
-            if at != self._pos or len(data) == self.size:  # the whole file (a server that ignores Range): kept
-                self._whole, data = data, data[self._pos : self._pos + n]
+            at, data = self._remote.get(self.url, start, end, size=self.size, check=self._check)
+            if at != start or len(data) == self.size:  # the whole file (a server that ignores Range): kept
+                self._whole, data = data, data[start:end]
+            elif self._kept is not None:
+                self._kept.put(self.url, start, data)
         self._stats.add(io_wait_s=time.monotonic() - t0)
-        memoryview(buffer).cast("B")[:n] = data
-        self._pos += n
-        return n
+        return data
 
     def readall(self) -> bytes:
         return self.read(self.size - self._pos) or b""

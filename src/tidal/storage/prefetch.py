@@ -22,12 +22,19 @@ plan`` prints. Parquet shards are read in place where that makes the rest fit; a
 cannot hold it otherwise is a :class:`~tidal.errors.StorageError` at once, naming the limit
 needed and the argument that bounds what a reader holds.
 
-Large Parquet shards of which the reader wants only a small share (a few columns) are not
-downloaded but read in place through byte ranges (:class:`tidal.storage.fetch.RangeFile`).
+Large Parquet files, and large line files (JSON lines, text) that are not compressed, are not
+downloaded before a block reads them but read in place, by byte ranges
+(:class:`tidal.storage.fetch.RangeFile`): a Parquet file the row groups of the block's slices, a
+line file the lines of its slices from the index's line offsets. So a block starts after the bytes
+it reads, not after whole files. A file read again later (another epoch of ``repeat()``) is also
+copied whole into the cache in the background once the reader's first block is read, where the
+cache has room, and read from that copy from then on (:meth:`Prefetcher.ahead`). A compressed line
+file (``.jsonl.zst``, ``.gz``) cannot be read from the middle: it is fetched whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -44,8 +51,10 @@ from tidal.storage.room import Room, cached_sizes, fit, streamable
 from tidal.storage.stats import Stats
 from tidal.storage.urls import is_remote
 
-RANGE_MIN_BYTES = 32 << 20  # smaller files are cheaper to fetch whole
-RANGE_MAX_SHARE = 0.5  # read in place when the wanted columns are under this share of the file
+RANGE_MIN_BYTES = 32 << 20  # smaller files are cheaper to fetch whole (a request or two, cached)
+RANGE_MAX_SHARE = 0.5  # a copy for later epochs only where the columns read are this share of the file
+LINE_FORMATS = ("jsonl", "text")  # read by ranges from the index's line offsets where not compressed
+LINE_WINDOW = 4 << 20  # a line file read in place is read in windows of this many bytes
 # shards pinned or being fetched ahead at once, at most: each pin holds a file descriptor, and a
 # block may read thousands of small files; more are fetched as the reader opens these
 AHEAD_MAX = 32
@@ -58,24 +67,37 @@ def entry(shard: Any, check: bool = False) -> Entry:
 
 
 def wants_ranges(shard: Any, columns: Sequence[str] | None) -> bool:
-    """Whether reading ``columns`` of ``shard`` in place moves fewer bytes than fetching it whole."""
-    return _wants_ranges(shard.format, shard.info, int(shard.bytes), columns)
+    """Whether ``shard`` is read in place by ranges rather than fetched whole before it is read."""
+    return _wants_ranges(shard.format, shard.info, int(shard.bytes), columns, getattr(shard, "compression", None))
 
 
-def _wants_ranges(format: str, info: dict, size: int, columns: Sequence[str] | None) -> bool:
-    sizes = info.get("column_bytes")
-    if format != "parquet" or columns is None or not sizes or size < RANGE_MIN_BYTES:
+def _wants_ranges(
+    format: str, info: dict, size: int, columns: Sequence[str] | None, compression: str | None = None
+) -> bool:
+    """Large files that can be read from the middle: Parquet (its row groups), and line files that
+    are not compressed (from the line offsets the index keeps). A small file is cheaper whole."""
+    if compression is not None or size < RANGE_MIN_BYTES:
         return False
-    wanted = sum(sizes.get(c, 0) for c in columns)
-    return wanted < RANGE_MAX_SHARE * size
+    return format == "parquet" or format in LINE_FORMATS
+
+
+def _worth_a_copy(shard: Any, columns: Sequence[str] | None) -> bool:
+    """Whether a file read in place is worth a whole copy for another epoch: not where only a
+    small share of it is read (a few columns of a wide Parquet file)."""
+    sizes = shard.info.get("column_bytes")
+    if shard.format != "parquet" or columns is None or not sizes:
+        return True
+    return sum(sizes.get(c, 0) for c in columns) >= RANGE_MAX_SHARE * int(shard.bytes)
 
 
 def fetched_whole(shards: Any, columns: Sequence[str] | None) -> np.ndarray:
     """Per shard of ``shards`` (a :class:`tidal.Shards`), whether a reader fetches it whole into
-    the cache: remote, and not read in place for its few ``columns`` (:func:`wants_ranges`)."""
-    columns_of = zip(shards.paths, shards.formats, shards.infos, shards.bytes.tolist(), strict=True)
+    the cache before reading it: remote, and not read in place by ranges (:func:`wants_ranges`)."""
+    columns_of = zip(
+        shards.paths, shards.formats, shards.infos, shards.bytes.tolist(), shards.compressions, strict=True
+    )
     return np.array(
-        [is_remote(p) and not _wants_ranges(f, info, b, columns) for p, f, info, b in columns_of], dtype=bool
+        [is_remote(p) and not _wants_ranges(f, info, b, columns, c) for p, f, info, b, c in columns_of], dtype=bool
     )
 
 
@@ -113,6 +135,10 @@ class Prefetcher:
         self._wanted: list[int] = []  # the same, in the order the reader opens them
         self._next = 0  # the first of them not started yet (see _fill)
         self._ranged: set[int] = set()  # Parquet shards read in place because the cache cannot hold them
+        self._by_ranges: set[int] = set()  # shards the reader has open in place, by ranges
+        # whether the shards read in place are read again (another epoch): then copied whole in the
+        # background, once the reader's first block is read (see ahead)
+        self.again = False
         self._checked = False  # whether ``require`` has checked the room the readers need
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
@@ -128,14 +154,52 @@ class Prefetcher:
 
         Held until :meth:`release`."""
         shard = self._shards[index]
-        if index in self._ranged or (wants_ranges(shard, self._columns) and self._fetcher.ranged_reads(shard.path)):
-            handle = self._fetcher.lookup(entry(shard, self._check))  # a whole copy already here is cheaper still
+        if self._in_place(index):
+            with self._lock:
+                future = self._pending.pop(index, None)
+            if future is not None and not future.cancel():  # a whole copy on its way: read from it, not twice
+                with contextlib.suppress(Exception):  # the copy failed: read in place, which says what is wrong
+                    future.result()
+            with self._lock:
+                handle = self._pinned.pop(index, None)  # copied whole for a later epoch: read from the copy
+                self._fill()
+            handle = handle or self._fetcher.lookup(entry(shard, self._check))  # a whole copy is cheaper still
             if handle is None:
-                return lambda: self._fetcher.range_file(shard.path, shard.bytes, shard.version, check=self._check)
+                window = LINE_WINDOW if shard.format in LINE_FORMATS else 0
+                with self._lock:
+                    self._by_ranges.add(index)
+
+                def opener() -> RangeFile:
+                    return self._fetcher.range_file(
+                        shard.path, shard.bytes, shard.version, check=self._check, window=window
+                    )
+
+                return opener
             self.stats.add(cache_hits=1)
         else:
             handle = self._take(index)
         return self._hold(self._held, index, handle)
+
+    def _in_place(self, index: int) -> bool:
+        """Whether shard ``index`` is read by ranges unless a whole copy of it is in the cache."""
+        shard = self._shards[index]
+        if index in self._ranged:
+            return True
+        return wants_ranges(shard, self._columns) and self._fetcher.ranged_reads(shard.path)
+
+    def copied(self, index: int) -> bool:
+        """Whether shard ``index``, open by ranges, has a whole copy in the cache now (fetched for
+        a later epoch): its reader, reopened, reads the copy."""
+        with self._lock:
+            return index in self._by_ranges and index in self._pinned
+
+    def keep(self) -> None:
+        """Keep in memory what ranged reads read from now on, until :meth:`drop_kept` (the point
+        reads of a reader's first block, which the block read behind them reads again)."""
+        self._fetcher.kept.keeping = True
+
+    def drop_kept(self) -> None:
+        self._fetcher.kept.drop()
 
     def _hold(self, held: dict[int, Handle], index: int, handle: Handle) -> str:
         """Keep ``handle`` under ``index`` in ``held`` (releasing one kept there before); its path."""
@@ -184,6 +248,7 @@ class Prefetcher:
         """The reader of shard ``index`` is closed: the shard may be evicted again."""
         with self._lock:
             handles = [self._held.pop(index, None), self._near.pop(index, None)]
+            self._by_ranges.discard(index)
         for handle in handles:
             if handle is not None:
                 handle.release()
@@ -237,17 +302,23 @@ class Prefetcher:
             + (f", or hold fewer shards at once: {fix}" if fix else "")
         )
 
-    def ahead(self, now: Iterable[int], later: Iterable[int]) -> None:
+    def ahead(self, now: Iterable[int], later: Iterable[int], *, settled: bool = True) -> None:
         """Have on disk the shards the reader opens ``now`` and, in the background, the next
         ``Storage.prefetch`` distinct ones of ``later`` (in order) as far as the cache has room
-        for them beside what this reader holds; drop the fetches and pins of the others."""
+        for them beside what this reader holds; drop the fetches and pins of the others.
+
+        Shards read in place are not fetched, but where they are read again (:attr:`again`) and
+        the reader is ``settled`` (its first block read: a copy never competes with it), copied
+        whole in the background like those of ``later``, where the cache has room."""
+        now, later = list(now), list(later)
         seen = dict.fromkeys(i for i in now if self._fetches_whole(i))  # in order, each once
         first_later = len(seen)
+        copies = self.again and settled
         budget = self._storage.prefetch
-        for i in later:
+        for i in [*now, *later] if copies else later:
             if budget <= 0:
                 break
-            if i not in seen and self._fetches_whole(i):
+            if i not in seen and (self._fetches_whole(i) or (copies and self._copy_worth(i))):
                 seen[i] = None
                 budget -= 1
         wanted = list(seen)
@@ -274,6 +345,15 @@ class Prefetcher:
         for h in unpin:
             h.release()
 
+    def _copy_worth(self, index: int) -> bool:
+        """A shard read in place whose whole copy a later epoch reads (see :meth:`ahead`)."""
+        return (
+            self.is_remote(index)
+            and index not in self._ranged  # the cache cannot hold it: never copied
+            and self._in_place(index)
+            and _worth_a_copy(self._shards[index], self._columns)
+        )
+
     def _fill(self) -> None:
         """Start fetching the wanted shards not yet started (each once per :meth:`ahead`) that are
         neither held nor pinned, in order, while fewer than :data:`AHEAD_MAX` are pinned or on
@@ -296,9 +376,8 @@ class Prefetcher:
                 ahead += 1
 
     def _fetches_whole(self, index: int) -> bool:
-        return (
-            self.is_remote(index) and index not in self._ranged and not wants_ranges(self._shards[index], self._columns)
-        )
+        """Whether shard ``index`` is fetched whole before it is read (remote, not read in place)."""
+        return self.is_remote(index) and not self._in_place(index)
 
     def _prefetch(self, index: int) -> bool | None:
         """Fetch shard ``index`` into the cache and pin it; whether it was not there yet, None if there was no room."""

@@ -33,7 +33,7 @@ from tidal.tables import Unparsed
 
 NAME = "jsonl"
 PARSED_PER_BATCH = True
-__all__ = ["NAME", "PARSED_PER_BATCH", "open", "parse", "scan"]
+__all__ = ["NAME", "PARSED_PER_BATCH", "around", "open", "parse", "scan"]
 
 Lines = Sequence[bytes | memoryview]
 
@@ -75,6 +75,12 @@ def parse(
             found.update(columns)
         kept.append(rec)
     return kept, bad_rows, {c: where for c, where in missed.items() if c not in found}
+
+
+def around(info: dict, start: int, stop: int, row: int) -> tuple[int, int]:
+    """The rows a point read of ``row`` (of a slice ``[start, stop)``) reads: the line alone, which
+    is what reading the slice gives of it (:mod:`tidal.stages.blocks`)."""
+    return row, row + 1
 
 
 def reason(data: bytes | memoryview, exc: ValueError) -> str:

@@ -87,6 +87,16 @@ def columns(info: dict) -> list[str] | None:
     return list(info.get("column_bytes", {})) if info.get("row_groups") else None
 
 
+def around(info: dict, start: int, stop: int, row: int) -> tuple[int, int]:
+    """The rows a point read of ``row`` (of a slice ``[start, stop)``) reads so that it finds what
+    reading the slice does: the slice's rows in the row group of ``row``. A reader decodes each row
+    group of a slice on its own (damage in one spoils only its rows), from the same place either
+    way, so the verdict on every row is the slice's (:mod:`tidal.stages.blocks`)."""
+    starts = np.cumsum(info["row_groups"])
+    g = int(np.searchsorted(starts, row, side="right"))
+    return max(start, int(starts[g - 1]) if g else 0), min(stop, int(starts[g]))
+
+
 class ParquetReader:
     def __init__(self, path: str, info: dict, columns: list[str] | None, errors: Errors):
         self._path = path

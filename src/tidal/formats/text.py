@@ -11,11 +11,16 @@ from tidal.formats import Errors, Options, Piece, bad
 from tidal.formats.lines import LineReader, scan
 
 NAME = "text"
-__all__ = ["NAME", "columns", "open", "scan"]
+__all__ = ["NAME", "around", "columns", "open", "scan"]
 
 
 def columns(info: dict) -> list[str]:
     return ["text"]
+
+
+def around(info: dict, start: int, stop: int, row: int) -> tuple[int, int]:
+    """The rows a point read of ``row`` reads: the line alone, decoded as the slice's are."""
+    return row, row + 1
 
 
 class TextReader:

@@ -7,12 +7,20 @@ releases the GIL, the next block read ahead, remote shards fetched ahead by the 
 Bad data meets the ``errors`` policy here; a bad record is raised or counted by the reader
 whose share holds it, or, in the remainder of a finite epoch that no reader yields, by the
 last reader, which reads it (:class:`Owned`).
+
+A reader's first block (a job's start, a resume) does not wait for all of it: its first batch
+comes from point reads of just the records the permutation puts first (:mod:`tidal.stages.points`,
+:meth:`BlockReader.block`), nothing fetched ahead before them, and the block then loads behind
+them in a thread, the same records in the same order. Point reads that meet anything bad (a
+record, a file that does not open) are dropped unreported, and the block is read whole as
+before, which reports it: so every bad record meets the policy once, as the block read finds it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
@@ -24,6 +32,7 @@ from tidal import closing, env
 from tidal.errors import FormatError, MissingDependency, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Located, Piece, Reader, data_errors, exhausted, module, parsed_per_batch, threaded
 from tidal.order import EpochOrder, Intervals
+from tidal.stages import points
 from tidal.stages.policy import Policy
 from tidal.stages.readers import NotOpened, OpenReaders
 from tidal.storage.cache import Entry
@@ -68,6 +77,19 @@ class Block:
         return first, last, min(nxt, stop)
 
 
+class Points(Block):
+    """The records of positions ``[first, end)`` of a block, read by point reads (every one kept):
+    ``table[i]`` is position ``first + i``, ``rows[i]`` its row among the slices."""
+
+    def __init__(self, table: Table, slices: list[tuple[int, int, int]], rows: np.ndarray, first: int, end: int):
+        super().__init__(table, None, slices, rows)
+        self.first, self.end = first, end
+
+    def span(self, offset: int, stop: int, max_items: int) -> tuple[int, int, int]:
+        end = min(stop, offset + max_items, self.end)
+        return offset - self.first, end - self.first, end
+
+
 class Owned:
     """Which rows of a block's files fall in what this reader reads of the epoch (its share, and
     the remainder where it reads that): every reader reads the whole block and yields its share
@@ -81,10 +103,11 @@ class Owned:
         b: int,
         slices: list[tuple[int, int, int]],
         perm: np.ndarray | None,
+        intervals: Intervals | None = None,  # the positions whose bad records are its own (else asked)
     ):
         self._base = int(order.starts[b])
         self._n = int(order.starts[b + 1]) - self._base
-        intervals = reader._owned(order.epoch)
+        intervals = reader._owned(order.epoch) if intervals is None else intervals
         self._intervals = [
             (a - self._base, z - self._base) for a, z in intervals if a < self._base + self._n and z > self._base
         ]
@@ -162,9 +185,15 @@ class BlockReader:
         self._reading: list[Future[Piece]] = []  # reads in flight
         # the next block, being read (see _read_ahead): (pid, its slices, their reads, what they skipped)
         self._ahead: tuple[int, list, dict[int, Future[Piece]], dict[str, list[TidalError]]] | None = None
+        self._fresh = True  # no block asked for yet: the first one's first records come from point reads
+        self._loaded = 0  # blocks loaded
+        # the first block, loading behind its point reads: (pid, the thread, what it raised)
+        self._behind: tuple[int, threading.Thread, list[BaseException]] | None = None
+        self._counting = threading.Lock()  # skipped: counted by the loop's thread and the block's
 
     def forget(self) -> None:
         """Drop the block held (a new epoch orders the blocks anew)."""
+        self._waited = self._join() or self._waited
         self._block_index, self._block = -1, None
 
     def close_file(self, shard: int) -> None:
@@ -172,11 +201,140 @@ class BlockReader:
         its file ends the reading of it as a read that fails does, not left to the collector."""
         self._readers.close_idle(lambda i: i != shard)
 
+    def count_skipped(self, n: int) -> None:
+        with self._counting:
+            self.skipped += n
+
+    _waited: BaseException | None = None  # what the block loaded behind raised, for the next load
+
+    def block(self, order: EpochOrder, b: int, offset: int, stop: int, max_items: int) -> Block:
+        """Block ``b`` of ``order``, for the records of its positions from ``offset`` (up to
+        ``stop``, ``max_items`` of them): the loaded block, or, for this reader's first block, a
+        :class:`Points` of just those records while the block loads behind them."""
+        if not self._fresh:
+            return self.load(order, b)
+        self._fresh = False
+        end = min(stop, offset + max_items)
+        behind = False
+        try:
+            found = self._points(order, b, offset, end) if self._block_index != b and end > offset else None
+            if found is None:
+                return self.load(order, b)
+            if end < stop:  # more of this reader's positions in the block: load it behind them
+                self._load_behind(order, b)
+                behind = True  # it lets go of what the point reads kept, once it has read it again
+            return found
+        finally:
+            if not behind and self._remote is not None:
+                self._remote.drop_kept()
+
+    def _points(self, order: EpochOrder, b: int, first: int, end: int) -> Points | None:
+        """Positions ``[first, end)`` of block ``b`` by point reads, or None where they are not
+        worth it (they read half the block or more) or not possible (a format without ``around``),
+        or where they met anything bad: then the block is read whole, which reports it."""
+        slices = order.slices(b)
+        shards = self._plan.shards
+        arounds = [getattr(module(shards.formats[s]), "around", None) for s, _, _ in slices]
+        if not all(arounds):
+            return None
+        perm = order.permutation(b)
+        planned = points.plan(slices, perm, first, end, arounds, [shards.infos[s] for s, _, _ in slices])  # type: ignore[arg-type]
+        if 2 * planned.read >= sum(z - a for _, a, z in slices):
+            return None
+        remote = self._prefetcher()
+        if remote is not None:
+            self._require(remote)  # a cache too small for what a block holds: an error before any read
+            remote.keep()  # what the points read, the block behind them reads again: kept meanwhile
+        probe: dict[str, list[TidalError]] = {}
+        self._policy.deferred = probe  # what they meet is reported by the block read whole, not here
+        pieces: list[Piece] | None = None
+        try:
+            pieces = self._read_points(planned.runs)
+        except Exception as exc:
+            cause = exc.cause if isinstance(exc, NotOpened) else exc
+            if isinstance(cause, (StorageError, MissingDependency)):
+                raise cause from None  # the network or a package, not the data: as the block read raises it
+            pieces = None  # the block read whole says what went wrong
+        finally:
+            self._policy.deferred = None
+        absent: dict[str, str] | None = None
+        for piece in pieces or []:
+            if length(piece.table):
+                absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
+        if pieces is None or probe or absent or any(p.valid is not None and not p.valid.all() for p in pieces):
+            for shard in {s for s, _, _ in planned.runs}:
+                self._readers.drop(shard)  # what a reader holds of what it met (a salvaged group) goes too
+            return None
+        for (s, a, z), _ in zip(planned.runs, pieces, strict=True):
+            self._count_read(s, a, z)
+        files = [redact_urls(shards.paths[s]) for s, _, _ in planned.runs]
+        table = points.assemble(planned, [p.table for p in pieces], files, shuffled=perm is not None)
+        return Points(table, slices, planned.rows, first, end)
+
+    def _read_points(self, runs: list[tuple[int, int, int]]) -> list[Piece]:
+        """The runs' pieces: a file's runs one after another (a reader reads one thing at a time),
+        the files side by side in threads (opening one may download it)."""
+        by_file: dict[int, list[int]] = {}
+        for i, (shard, _, _) in enumerate(runs):
+            by_file.setdefault(shard, []).append(i)
+
+        def read(shard: int) -> list[Piece]:
+            return [self._read_held(*runs[i]) for i in by_file[shard]]
+
+        if len(by_file) < 2:
+            return [piece for shard in by_file for piece in read(shard)]
+        closing.start()
+        out: list[Piece | None] = [None] * len(runs)
+        with ThreadPoolExecutor(min(8, len(by_file)), thread_name_prefix="tidal-point") as pool:
+            for shard, pieces in zip(by_file, pool.map(read, by_file), strict=True):
+                for i, piece in zip(by_file[shard], pieces, strict=True):
+                    out[i] = piece
+        return [piece for piece in out if piece is not None]
+
+    def _load_behind(self, order: EpochOrder, b: int) -> None:
+        """Load block ``b`` in a thread (its first records were read by point reads): the next
+        :meth:`load` takes it, or raises what loading it raised."""
+        owned = self._owned(order.epoch)  # worked out here: the loop's thread changes what it depends on
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.load(order, b, owned)
+            except BaseException as exc:  # raised by the next load, in the loop's thread
+                failed.append(exc)
+            finally:
+                if self._remote is not None:
+                    self._remote.drop_kept()
+
+        closing.start()
+        thread = threading.Thread(target=run, name="tidal-behind", daemon=True)
+        self._behind = (os.getpid(), thread, failed)
+        thread.start()
+
+    def _join(self) -> BaseException | None:
+        """Wait for the block loading behind, if one is; what it raised."""
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return None
+        pid, thread, failed = behind
+        if pid != os.getpid():  # a fork's copy: the thread is the parent's, the block not loaded here
+            self._block_index, self._block = -1, None
+            return None
+        thread.join()
+        return failed[0] if failed else None
+
     def stats(self) -> dict:
         return self._remote.stats.dict() if self._remote is not None else {}
 
-    def load(self, order: EpochOrder, b: int) -> Block:
-        """Block ``b`` of ``order``: its records in yield order (read once, kept until the next)."""
+    def load(self, order: EpochOrder, b: int, owned_positions: Intervals | None = None) -> Block:
+        """Block ``b`` of ``order``: its records in yield order (read once, kept until the next).
+        ``owned_positions``: those whose bad records are this reader's (else asked for now)."""
+        if self._behind is not None and threading.current_thread() is not self._behind[1]:
+            self._waited = self._join() or self._waited
+        failed, self._waited = self._waited, None
+        if failed is not None:
+            raise failed
+        self._fresh = False
         if self._block_index == b and self._block is not None:
             return self._block
         self._block = None  # free the old block before reading the new one
@@ -191,17 +349,17 @@ class BlockReader:
             going_on = self._block_index >= 0
             first_later = [s for s, _, _ in order.slices(b + 1)] if going_on and b + 1 < order.blocks else []
             keep = {*now, *first_later}
-            self._readers.close_idle(lambda i: i in keep or not remote.is_remote(i))  # done with: evictable
-            remote.ahead(now, later)
+            # done with, or read in place while a whole copy came (another epoch reads it): reopened on the copy
+            self._readers.close_idle(lambda i: (i in keep and not remote.copied(i)) or not remote.is_remote(i))
+            remote.ahead(now, later, settled=self._loaded > 0)
         perm = order.permutation(b)
-        owned = self._policy.owns = Owned(self, order, b, slices, perm)  # bad records: this reader's only
+        owned = Owned(self, order, b, slices, perm, owned_positions)  # bad records: this reader's only
+        self._policy.owns = owned
         tables, files, masks, any_skipped = [], [], [], False
         absent: dict[str, str] | None = None  # columns asked for that no record of the block has so far
         shards = self._plan.shards
         for (s, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
-            self.rows_read += z - a
-            size, n = int(self._read_size(s)), max(1, int(shards.rows[s]))
-            self.bytes_read += size * z // n - size * a // n  # slices of a whole file add up to its size
+            self._count_read(s, a, z)
             if length(piece.table):
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
             if piece.valid is None or piece.valid.any():
@@ -222,7 +380,7 @@ class BlockReader:
         valid_before = None
         if any_skipped:
             valid = np.concatenate(masks)
-            self.skipped += owned.count(~valid)  # the bad records of this reader's share
+            self.count_skipped(owned.count(~valid))  # the bad records of this reader's share
             rows = np.flatnonzero(valid) if perm is None else perm[valid[perm]]
             kept_index = np.cumsum(valid) - 1  # row in ``table`` of each kept position
             if perm is not None:
@@ -236,11 +394,18 @@ class BlockReader:
         if perm is not None:
             table = take(table, perm)
         self._block_index, self._block = b, Block(table, valid_before, slices, rows)
+        self._loaded += 1
         self._read_ahead(order, b + 1)
         if self._arrow_loaded >= RELEASE_BYTES:  # the blocks' freed memory back to the system, now and then:
             pa.default_memory_pool().release_unused()  # a call costs ~2 ms, too much for every small block
             self._arrow_loaded = 0
         return self._block
+
+    def _count_read(self, shard: int, a: int, z: int) -> None:
+        """Rows ``[a, z)`` of ``shard`` read: in ``rows_read``, and their share of its bytes in ``bytes_read``."""
+        self.rows_read += z - a
+        size, n = int(self._read_size(shard)), max(1, int(self._plan.shards.rows[shard]))
+        self.bytes_read += size * z // n - size * a // n  # slices of a whole file add up to its size
 
     def _read_size(self, shard: int) -> int:
         """The bytes of shard ``shard`` a read of all its rows reads: where only some columns are
@@ -424,6 +589,7 @@ class BlockReader:
             remote.release(index)  # the cache may evict its copy again
 
     def close(self) -> None:
+        self._join()  # the block loading behind, if one is: it reads with the readers closed below
         pool, self._pool = self._pool, None
         try:
             if pool is not None and pool[0] == os.getpid():
@@ -449,6 +615,7 @@ class BlockReader:
             stats = self._remote.stats if self._remote is not None else None
             closing.start()  # its threads: as for the read threads
             self._remote = Prefetcher(self._plan.shards, storage, self._plan.columns, stats, check=self._plan.indexed)
+            self._remote.again = self._plan.epochs != 1  # another epoch reads the files again
         return self._remote
 
     def _require(self, remote: Prefetcher) -> None:

@@ -363,7 +363,7 @@ class ReadIterator(StageIterator):
             pos = self._offset + run.delta
             order = self._epoch_order()
             self._last = None
-            block = self._blocks.load(order, run.block)
+            block = self._blocks.block(order, run.block, pos - run.base, run.block_stop, max_items)
             first, last, nxt = block.span(pos - run.base, run.block_stop, max_items)
             self._offset += run.base + nxt - pos
             self.passed += run.base + nxt - pos
@@ -419,7 +419,7 @@ class ReadIterator(StageIterator):
             except BaseException:
                 self._blocks.close_file(shard)  # as a read that fails closes its file (OpenReaders.using)
                 raise
-            self._blocks.skipped += 1
+            self._blocks.count_skipped(1)
         dropped = {i for i, _ in bad}
         return records, [i for i in range(last - first) if i not in dropped]
 
@@ -449,7 +449,7 @@ class ReadIterator(StageIterator):
         """Record ``row`` of ``shard``, yielded last, was found bad downstream: to the policy."""
         path = redact_urls(self._plan.shards[shard].path)
         self._policy.now(path, RecordError(why, path=path, row=row), mine=True)  # raises unless it skips it
-        self._blocks.skipped += 1
+        self._blocks.count_skipped(1)
         self._kept -= 1
 
     def _check_epoch(self, records: int) -> None:

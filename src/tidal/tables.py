@@ -185,10 +185,12 @@ def concat(tables: list[Table], files: list[str] | None = None) -> Table:
     return out
 
 
-def _concat_agreed(tables: list[pa.Table], files: list[str]) -> pa.Table:
+def _concat_agreed(tables: list[pa.Table], files: list[str]) -> Table:
     first = tables[0].schema
     if all(t.schema.equals(first) for t in tables[1:]):
         return pa.concat_tables(tables)  # the common case: one schema (the dataset's, cast by the readers)
+    if any(len(set(t.column_names)) < len(t.column_names) for t in tables):  # two columns of one name
+        return concat(list(tables))  # as before: joined by Arrow, else records
     schema = one_schema([(t.schema, f) for t, f in zip(tables, files, strict=True)])
     conformed = []
     for table, file in zip(tables, files, strict=True):
@@ -294,6 +296,8 @@ class Seen:
 
     def _one(self, table: pa.Table, file: str) -> pa.Table:
         types, changed = self.types, False
+        if len(set(table.column_names)) < len(table.column_names):
+            return table  # two columns of one name: no column to follow
         for field in table.schema:
             known = types.get(field.name)
             if known is None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import procs
 import pytest
@@ -329,3 +330,50 @@ def test_a_jax_loader_dropped_unused_stops_its_readers(data: Path, tmp_path: Pat
     while any(t.name.startswith(("tidal-reader", "tidal-jax")) for t in threading.enumerate()):
         assert time.monotonic() < deadline, [t.name for t in threading.enumerate()]
         time.sleep(0.05)
+
+
+def reported(error: tidal.TidalError, log: str) -> None:
+    """An ``errors=`` function: notes where each bad record is, and skips it."""
+    with open(log, "a") as f:
+        f.write(f"{Path(error.path).name}:{error.row}\n")  # type: ignore[attr-defined]
+
+
+def messy(root: Path) -> Path:
+    """4 JSON lines files of 30 records, every 7th line of each not JSON."""
+    root.mkdir()
+    for f in range(4):
+        lines = [f'{{"id": {f * 100 + i}}}' if i % 7 != 3 else "not json" for i in range(30)]
+        (root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("how", ["workers0", "fork", "jax"])
+def test_bad_data_is_reported_as_by_a_loader_started_when_iterated(tmp_path: Path, how: str) -> None:
+    """A loader started at build and given a state reports (to its errors= function) the bad
+    records from the state on, not those its first start met at the beginning of the epoch."""
+    log = tmp_path / "errors.log"
+    ds = tidal.Dataset(messy(tmp_path / "data"), errors=functools.partial(reported, log=str(log)))
+    ds = ds.shuffle(seed=1, block_size=16).batch(2)
+    if how == "jax":
+        pytest.importorskip("jax").devices()
+        jax_loader = pytest.importorskip("tidal.jax")
+
+    def make(start_early: bool) -> Any:
+        if how == "jax":
+            return jax_loader.Loader(ds, num_workers=2, start_early=start_early)
+        return tidal.DataLoader(ds, num_workers=0 if how == "workers0" else 2, start_early=start_early)
+
+    first = make(start_early=False)
+    list(itertools.islice(first, 20))
+    state = first.state_dict()
+
+    def reports(start_early: bool) -> list[str]:
+        log.unlink()
+        loader = make(start_early)
+        if start_early:
+            time.sleep(1.0)  # the start at build meets the bad records of the epoch's first blocks
+        loader.load_state_dict(state)
+        list(loader)
+        return sorted(log.read_text().split())
+
+    assert reports(start_early=True) == reports(start_early=False)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import multiprocessing
 import sys
 import threading
 import time
@@ -65,7 +66,7 @@ from tidal.stages.continuous import shared_rows
 from tidal.state.ledger import Ledger, Start
 from tidal.transport.bundles import numeric, round_robin, side_by_side, steps
 from tidal.transport.jax import int32_ids
-from tidal.transport.pool import Ahead, HeadStart, Pool, WorkerType
+from tidal.transport.pool import Ahead, HeadStart, Pool, Taken, WorkerType, reporting_when_taken
 from tidal.world import World
 
 __all__ = ["Loader", "data_sharding"]
@@ -317,6 +318,8 @@ class LoaderIterator(Iterator[dict]):
         its readers counted goes to the loader's metrics."""
         self._held, self._together = loader, together
         self._counts.adopt()
+        if self._taken is not None:
+            self._taken.take()  # its readers report the bad data they meet from now on
 
     def _start(self, at: Start, early: bool = False) -> None:
         """The readers from ``at``'s reader states, under its weights. ``early``, with neither
@@ -324,6 +327,8 @@ class LoaderIterator(Iterator[dict]):
         loader = self._loader
         self.start = at
         self._changes = at.changes
+        process = loader._num_workers > 0 and loader._worker_type == "process"
+        self._taken = (Taken(multiprocessing.get_context("spawn") if process else None)) if early else None
         self._pool = Pool(
             loader.dataset,
             self._ranks,
@@ -334,13 +339,18 @@ class LoaderIterator(Iterator[dict]):
             worker_type=loader._worker_type,
             widen=int32_ids,
             weights=at.weights,
+            taken=self._taken if loader._num_workers else None,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
         if loader._sharding is None:
             loader._sharding = data_sharding()
         globalize = functools.partial(Loader._globalize, sharding=loader._sharding, batch_size=loader.batch_size)
         self._counts = _Counts(loader._meter, held=early)
-        made = _made(self._pool, loader._workers, at.next_worker, globalize, split, self._counts)
+        made: Iterator[tuple[list, int, dict]] = _made(
+            self._pool, loader._workers, at.next_worker, globalize, split, self._counts
+        )
+        if self._taken is not None and not loader._num_workers:  # read in the thread that runs this
+            made = reporting_when_taken(made, self._taken)
         self._source: Ahead[tuple[list, int, dict]] | HeadStart[tuple[list, int, dict]] | Generator = made
         if loader._prefetch:
             self._source = Ahead(made, loader._prefetch, "tidal-jax-prefetch")
@@ -395,6 +405,8 @@ class LoaderIterator(Iterator[dict]):
             return
         self._done = True
         self._counts.drop()  # its threads may count on a while: not into the loader's metrics
+        if self._taken is not None:
+            self._taken.drop()  # a reader waiting to report bad data ends, reporting nothing
         if isinstance(self._source, Ahead):
             self._source.stop()
         else:

@@ -57,11 +57,12 @@ from tidal.errors import ArgumentError, TidalError
 from tidal.metrics import Mark, Meter
 from tidal.stages import weights as live
 from tidal.stages.continuous import shared_rows
+from tidal.stages.policy import hold_reports
 from tidal.state import schema
 from tidal.state.ledger import Ledger, Start
 from tidal.transport import orphans, rings, warmup
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
-from tidal.transport.pool import Ahead, HeadStart
+from tidal.transport.pool import Ahead, HeadStart, Taken, reporting_when_taken
 from tidal.transport.recycle import RECYCLED
 from tidal.transport.torch import TorchBundle, abandon, as_tensors, widen
 from tidal.world import World
@@ -90,6 +91,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.warmup: warmup.WarmupGate | None = None  # the order workers make their first batch in; None: all at once
         self.loop: int | None = None  # the process starting the workers now, which they outlive no longer
         self.head_start = 0  # no workers, started early: the first bundles made in a thread from now on
+        self.taken: Taken | None = None  # started early: reports of bad data wait until iter() takes the pass
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -101,9 +103,13 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
         if info is not None and self.loop is not None:  # (tidal.transport.orphans)
             orphans.exit_with(self.loop)
+        if info is not None and self.bundled:
+            hold_reports(self.taken, process=True)
         if self.bundled:
             made = self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
             if info is None:
+                if self.taken is not None:
+                    made = reporting_when_taken(made, self.taken)
                 return HeadStart(made, self.head_start) if self.head_start else made
             return self.warmup.gated(made, worker) if self.warmup is not None else made
         return (as_tensors(item) for item in it)
@@ -435,12 +441,14 @@ class DataLoader(torch.utils.data.DataLoader):
             self._check_pickles()
             stream = self._stream
             stream.ranks, stream.first_epoch, stream.origin = at.ranks, at.first_epoch, at.origin
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            taken = Taken(context if self.num_workers else None)
             with _rng_kept(self.generator):
-                bundles, made = self._launch(at.readers, at.weights, at.next_worker, head_start=2)
+                bundles, made = self._launch(at.readers, at.weights, at.next_worker, head_start=2, taken=taken)
         except Exception as exc:
             _log.debug("tidal: the workers start when iterated: %s", exc)
             return
-        self._early = _Early(at, bundles, weakref.finalize(self, _abandoned, bundles, made))
+        self._early = _Early(at, bundles, weakref.finalize(self, _abandoned, bundles, made, taken), taken)
 
     def _take_early(self, at: Start) -> Iterator[Bundle] | None:
         """The workers started early, if they started from ``at`` (else they are stopped)."""
@@ -450,6 +458,8 @@ class DataLoader(torch.utils.data.DataLoader):
                 self._drop(early)
             return None
         early.dropped.detach()
+        if early.taken is not None:
+            early.taken.take()  # its readers report the bad data they meet from now on
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # iter()'s draw, kept in order
         return early.bundles
 
@@ -469,12 +479,19 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._launch(ledger.readers, ledger.weights, ledger.next_worker)[0]
 
     def _launch(
-        self, readers: list[dict | None], weights: dict | None, first: int, head_start: int = 0
+        self,
+        readers: list[dict | None],
+        weights: dict | None,
+        first: int,
+        head_start: int = 0,
+        taken: Taken | None = None,
     ) -> tuple[Iterator[Bundle], list[str]]:
         """Torch's iterator over the workers, worker ``w`` started from ``readers[w]`` under
         ``weights``, worker ``first`` first; and the shared memory made for them. ``head_start``:
-        with no workers, the first bundles made in a thread from now on."""
+        with no workers, the first bundles made in a thread from now on; ``taken``: a pass
+        started early, whose readers report bad data once it is taken."""
         self._stream.states = readers
+        self._stream.taken = taken
         self._stream.weights = weights
         if self.persistent_workers and getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
@@ -502,6 +519,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._stream.warmup = None
             self._stream.loop = None  # a loader rebuilt from the stream (Accelerate) starts workers of its own
             self._stream.head_start = 0
+            self._stream.taken = None
         if made:  # the workers' rings live as long as the workers: until torch's iterator goes
             weakref.finalize(bundles, rings.release, made)
         if gate is not None:  # so does the gate: spawned workers open its semaphore as they start
@@ -648,9 +666,12 @@ class _Early(NamedTuple):
     start: Start
     bundles: Iterator[Bundle]
     dropped: weakref.finalize
+    taken: Taken | None = None  # set when iter() takes it: its readers report bad data from then on
 
 
-def _abandoned(bundles: Iterator[Bundle], made: list[str]) -> None:
+def _abandoned(bundles: Iterator[Bundle], made: list[str], taken: Taken | None = None) -> None:
+    if taken is not None:
+        taken.drop()  # a reader in a thread waiting to report ends, reporting nothing
     abandon(bundles)
     rings.release(made)
 

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from typing import Any
 
 from tidal.errors import FormatError, TidalError
 from tidal.formats import Errors
 
 log = logging.getLogger("tidal")
+
+_held = threading.local()  # gate: the reader of this thread's (readers in threads)
+_held_here: Any = None  # the reader of this process's (a DataLoader worker, a reader process)
+
+
+def hold_reports(gate: Any, process: bool) -> None:
+    """Hold this reader's reports of bad data (a function's calls, the log) until ``gate.wait()``
+    returns: a loader started early reports nothing for a pass it drops before ``iter()`` takes it
+    (a state loaded since, other ranks), and the reports of the pass it takes as they were met.
+    ``process``: for every thread of this process (a worker's one reader), else this thread's."""
+    global _held_here
+    if process:
+        _held_here = gate
+    else:
+        _held.gate = gate
 
 
 class Policy:
@@ -58,6 +75,9 @@ class Policy:
             raise error
         if self.quiet:
             return
+        gate = getattr(_held, "gate", None) or _held_here
+        if gate is not None:
+            gate.wait()  # (raises in a pass dropped before it was taken)
         if callable(self.errors):
             try:
                 self.errors(error)

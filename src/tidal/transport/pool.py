@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from tidal.errors import ArgumentError, StorageError, TidalError
+from tidal.stages.policy import hold_reports
 from tidal.state import keys as k
 from tidal.transport import orphans
 from tidal.transport.bundles import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
@@ -102,11 +103,15 @@ def _read(
     out: Any,
     stop: Any,
     loop: int,
+    taken: Taken | None = None,
 ) -> None:
     """One worker: its reader's bundles onto ``out`` until the end, an error, or ``stop``; a
-    process exits with ``loop``, the training process, if that is killed."""
+    process exits with ``loop``, the training process, if that is killed. ``taken``: a pass
+    started early, whose reports of bad data wait until it is taken."""
     if process:
         orphans.exit_with(loop)
+    if taken is not None:
+        hold_reports(taken, process)
     where = f"state['{k.RANKS}'][{world.rank}]['{k.WORKERS}'][{world.worker}]"
     try:
         it = dataset.iterator(world, state, first_epoch, origin, where, weights)
@@ -128,7 +133,8 @@ class Pool:
 
     ``states``: per worker, the reader state to continue from (None: the start of its share).
     ``widen`` converts numeric arrays in the worker (token ids to the loop's integer type).
-    ``weights``: the mixture weights set on the loader, if any.
+    ``weights``: the mixture weights set on the loader, if any. ``taken``: a pass started early
+    (its workers hold their reports of bad data until it is taken; made from ``spawn`` for processes).
     """
 
     def __init__(
@@ -144,6 +150,7 @@ class Pool:
         widen: Widen,
         depth: int = 4,
         weights: dict | None = None,
+        taken: Taken | None = None,
     ):
         if worker_type not in ("thread", "process"):
             raise ArgumentError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
@@ -182,6 +189,7 @@ class Pool:
                 self._queues[w],
                 self._stop,
                 os.getpid(),
+                taken,
             )
             worker = make(target=_read, args=args, daemon=True, name=f"tidal-reader-{ranks.rank}-{w}")
             if self._process:
@@ -331,6 +339,42 @@ def _ahead(source: Iterator[Any], out: queue.Queue[Any], stop: threading.Event) 
                 close()
         finally:
             _running.pop(threading.current_thread(), None)
+
+
+class Dropped(Exception):
+    """Raised in a reader of a pass started early and dropped: it ends, reporting nothing."""
+
+
+class Taken:
+    """Whether ``iter()`` has taken a pass its loader started early: until then its readers hold
+    their reports of bad data (:func:`tidal.stages.policy.hold_reports`). Made from the
+    multiprocessing ``context`` its reader processes start from (None: readers in threads)."""
+
+    def __init__(self, context: Any = None):
+        self._taken = context.Event() if context is not None else threading.Event()
+        self._dropped = context.Event() if context is not None else threading.Event()
+        self._seen = False
+
+    def take(self) -> None:
+        self._taken.set()
+
+    def drop(self) -> None:
+        self._dropped.set()
+
+    def wait(self) -> None:
+        """Return once the pass is taken; raise :class:`Dropped` once it is dropped."""
+        if self._seen:
+            return
+        while not self._taken.wait(POLL_S):
+            if self._dropped.is_set():
+                raise Dropped("a pass started early and dropped reports no bad data")
+        self._seen = True
+
+
+def reporting_when_taken(source: Iterator[T], taken: Taken) -> Iterator[T]:
+    """``source``, run from the thread that first asks with its reports held until ``taken``."""
+    hold_reports(taken, process=False)
+    yield from source
 
 
 class _HandedOver:

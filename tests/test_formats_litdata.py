@@ -35,6 +35,10 @@ def tokens(i: int):
     yield np.arange(i * 10, i * 10 + 3 + i, dtype=np.uint16)
 
 
+def tokens32(i: int):
+    yield np.arange(70_000 + i * 10, 70_000 + i * 10 + 3 + i, dtype=np.int32)
+
+
 COMPRESSED = ("mixed-batch", "mixed-sample", "mixed-chunk", "plain-zstd", "tokens-zstd")
 
 
@@ -49,11 +53,13 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     method = multiprocessing.get_start_method(allow_none=True)
 
     root = tmp_path_factory.mktemp("lit")
-    out = {name: root / name for name in ("plain", "mixed", "tokens", *COMPRESSED)}
+    out = {name: root / name for name in ("plain", "mixed", "tokens", "tokens32", *COMPRESSED)}
     litdata.optimize(fn=plain, inputs=list(range(20)), output_dir=str(out["plain"]), chunk_size=6, num_workers=1)
     litdata.optimize(fn=mixed, inputs=list(range(14)), output_dir=str(out["mixed"]), chunk_size=4, num_workers=1)
     litdata.optimize(fn=tokens, inputs=list(range(12)), output_dir=str(out["tokens"]), chunk_size=40, num_workers=1,
                      item_loader=TokensLoader())  # fmt: skip
+    litdata.optimize(fn=tokens32, inputs=list(range(12)), output_dir=str(out["tokens32"]), chunk_size=40,
+                     num_workers=1, item_loader=TokensLoader())  # fmt: skip
     # compression as LitData writes it: zstd frames of 3 items inside the .bin (its default, "batch"),
     # each item its own frame ("sample"), the whole chunk (.zstd.bin); rows as a zstd Arrow footer
     for level in ("batch", "sample", "chunk"):
@@ -157,6 +163,18 @@ def test_compressed_chunks_resume_and_split_over_ranks_and_workers(dirs: dict[st
 
 def test_zstd_arrow_footer_rows_read_back(dirs: dict[str, Path]) -> None:
     assert list(tidal.Dataset(dirs["plain-zstd"])) == [plain(i) for i in range(20)]
+
+
+def test_token_chunks_of_two_dtypes_read_and_pack_as_the_wider(dirs: dict[str, Path]) -> None:
+    # before: uint16 documents next to int32 ones; a best-fit pack whose first document was uint16
+    # wrapped the ids past 65,535 of the others
+    ds = tidal.Dataset([dirs["tokens"], dirs["tokens32"], dirs["tokens-zstd"]])
+    docs = [r["input_ids"] for r in ds]
+    assert {d.dtype for d in docs} == {np.dtype(np.int32)}
+    want = [next(f(i)) for f, n in ((tokens, 12), (tokens32, 12), (tokens, 30)) for i in range(n)]
+    assert [d.tolist() for d in docs] == [w.tolist() for w in want]
+    packed = [int(x) for p in ds.pack(16, "best_fit", pad_id=999_999, outputs=("input_ids",)) for x in p["input_ids"]]
+    assert sorted(x for x in packed if x != 999_999) == sorted(int(x) for d in docs for x in d)
 
 
 def test_compressed_token_chunks_pack_in_dataloader_workers(dirs: dict[str, Path]) -> None:

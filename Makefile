@@ -1,5 +1,8 @@
-# The two set-up commands: `make demo` and `make test`. Both create or reuse .venv and install
-# the development environment, `.[torch,dev]`, at the exact versions of $(LOCK).
+# The two set-up commands: `make demo` and `make test`. Both create or reuse .venv and install, at
+# the exact versions of $(LOCK): `make demo` what the demo needs, `.[demo]` (torch, tokenizers,
+# transformers, tqdm: a third of the development environment's install, the first thing a newcomer
+# waits for); `make test` (and lint, docs, ...) the development environment, `.[torch,dev]`, which
+# holds `.[demo]`.
 #
 # Refresh the lock (newer releases, or a changed dependency in pyproject.toml): `make lock`.
 # It resolves `.[torch,dev]` afresh in a scratch venv, torch held at 2.13.0 (the CPU build
@@ -10,6 +13,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tidal-installed
+DEMO_STAMP := $(VENV)/.tidal-demo-installed
 LOCK := requirements/dev.lock
 # the peers' writers for the format tests, installed without their dependencies (see the file)
 PEERS := requirements/peers.txt
@@ -33,7 +37,13 @@ $(STAMP): $(LOCK) $(PEERS) pyproject.toml Makefile | $(AZURITE_STAMP)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile -c $(LOCK) -e '.[torch,dev]'
 	$(BIN)/python -m pip install -q --no-compile --no-deps -r $(PEERS)
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo's part of the environment only: no Azurite, no peers' writers, no test tools.
+$(DEMO_STAMP): $(LOCK) pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --no-compile -c $(LOCK) -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 # Where npm is missing there is no Azurite: the Azure tests skip and say why (anywhere else a
 # missing Azurite fails them). Reinstalls when the pinned versions change.
@@ -44,7 +54,7 @@ $(AZURITE_STAMP): $(AZURITE)/package.json $(AZURITE)/package-lock.json
 	  npm ci --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error && touch $@; \
 	else echo "npm is not installed: no Azurite, so the Azure tests will be skipped"; fi
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/tidal demo
 
 lint: $(STAMP)

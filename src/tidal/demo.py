@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -176,8 +177,11 @@ def train(base: Path, start: int, stop: int, save_at: int | None, desc: str) -> 
 
 def main(root: str = "demo-data") -> int:
     base = Path(root).resolve()
+    took = {"corpus": time.perf_counter()}  # when each phase started
     data = build(base / "docs")
+    took["tokenizer"] = time.perf_counter()
     tok_file = tokenizer(data, base / "tokenizer.json")
+    took["training"] = time.perf_counter()
     import tidal
 
     ds = tidal.Dataset(data)
@@ -189,6 +193,7 @@ def main(root: str = "demo-data") -> int:
     print(
         f"saved a checkpoint at step {half} with the loader state ({len((base / f'checkpoint-{half}' / 'data.json').read_bytes())} bytes)"
     )
+    took["resumed run"] = time.perf_counter()
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(
         [sys.executable, "-m", "tidal.demo", "--resume", str(base), str(half)],
@@ -200,6 +205,9 @@ def main(root: str = "demo-data") -> int:
         f"resumed in a new process from step {half}: trained on the same {len(rest)} batches as the uninterrupted run: {'yes' if same else 'NO'}"
     )
     print(f"loss at step {STEPS}: uninterrupted {loss:.4f}, resumed {resumed_loss:.4f}")
+    ends = [*list(took.values())[1:], time.perf_counter()]
+    phases = ", ".join(f"{name} {end - start:.0f} s" for (name, start), end in zip(took.items(), ends, strict=True))
+    print(f"took {ends[-1] - took['corpus']:.0f} s: {phases}")
     return 0 if same else 1
 
 

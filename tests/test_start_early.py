@@ -61,17 +61,26 @@ def chain(data: Path, log: Path) -> tidal.Dataset:
     return tidal.Dataset(data).shuffle(seed=1, block_size=32).map(functools.partial(logged, log=str(log))).batch(6)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")])
 def test_a_loader_reads_its_first_batches_once_built_and_they_are_the_batches(
-    data: Path, tmp_path: Path, workers: int
+    data: Path, tmp_path: Path, workers: int, context: str | None
 ) -> None:
     log = tmp_path / "read.log"
     ds = chain(data, log)
     plain = ids(tidal.DataLoader(ds, num_workers=workers, start_early=False))
     log.unlink()
-    loader = tidal.DataLoader(ds, num_workers=workers)
+    loader = tidal.DataLoader(ds, num_workers=workers, multiprocessing_context=context)
     wait_until_read(log)  # no next() yet
+    gc.collect()  # (what iter() takes lives on: spawned workers opened its semaphores as they started)
     assert ids(loader) == plain
+
+
+def test_spawned_workers_started_early_and_taken_at_once_read_their_batches(data: Path, tmp_path: Path) -> None:
+    """iter() right after the build: the spawned workers, still starting, open what the start
+    made for them (its events) after the loader took it."""
+    ds = chain(data, tmp_path / "read.log")
+    plain = ids(tidal.DataLoader(ds, num_workers=2, start_early=False))
+    assert ids(tidal.DataLoader(ds, num_workers=2, multiprocessing_context="spawn")) == plain
 
 
 @pytest.mark.parametrize("workers", [0, 2])

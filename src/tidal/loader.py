@@ -524,6 +524,8 @@ class DataLoader(torch.utils.data.DataLoader):
             weakref.finalize(bundles, rings.release, made)
         if gate is not None:  # so does the gate: spawned workers open its semaphore as they start
             weakref.finalize(bundles, _kept, gate)
+        if taken is not None:  # and the events of a pass started early, for the same reason
+            weakref.finalize(bundles, _kept, taken)
         return bundles, made or []
 
     def _check_pickles(self) -> None:

@@ -346,7 +346,7 @@ class LoaderIterator(Iterator[dict]):
             loader._sharding = data_sharding()
         globalize = functools.partial(Loader._globalize, sharding=loader._sharding, batch_size=loader.batch_size)
         self._counts = _Counts(loader._meter, held=early)
-        made: Iterator[tuple[list, int, dict]] = _made(
+        made: Generator[tuple[list, int, dict]] = _made(
             self._pool, loader._workers, at.next_worker, globalize, split, self._counts
         )
         if self._taken is not None and not loader._num_workers:  # read in the thread that runs this

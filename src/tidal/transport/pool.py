@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from tidal.errors import ArgumentError, StorageError, TidalError
@@ -371,7 +371,7 @@ class Taken:
         self._seen = True
 
 
-def reporting_when_taken(source: Iterator[T], taken: Taken) -> Iterator[T]:
+def reporting_when_taken(source: Iterator[T], taken: Taken) -> Generator[T]:
     """``source``, run from the thread that first asks with its reports held until ``taken``."""
     hold_reports(taken, process=False)
     yield from source

@@ -324,3 +324,7 @@ def test_options_that_cannot_hold_are_refused_when_the_loader_is_made(tmp_path: 
     for bad in ({"readers": 0}, {"prefetch": 0}, {"reader_timeout": -1}):
         with pytest.raises(tidal.ArgumentError):
             tidal.ray.DataLoader(ds, **bad)
+    # a config's loader section serves both loaders: its workers are the readers (nothing starts here)
+    config = {**ds.to_config(), "loader": {"num_workers": 3, "persistent_workers": True, "timeout": 5}}
+    made = tidal.ray.DataLoader.from_config(config, start_early=False)
+    assert made.state_dict()["topology"] == [1, 3] and made.readers == []

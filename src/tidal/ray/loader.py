@@ -131,8 +131,11 @@ class DataLoader(LocalLoader):
 
     @classmethod
     def from_config(cls, config: Any, **kwargs: Any) -> DataLoader:
-        """A loader over the dataset a config describes, with its ``loader`` section's settings;
-        its ``num_workers`` is the number of readers unless ``readers=`` is given."""
+        """A loader over the dataset a config describes, with its ``loader`` section's settings:
+        its ``num_workers`` is the number of readers unless ``readers=`` is given, and the settings
+        of torch's worker processes (``persistent_workers``, ``prefetch_factor``,
+        ``multiprocessing_context``, ``timeout``, ``pin_memory_device``) are left out, so that one
+        config serves both loaders."""
         from tidal import config as schema
 
         data = schema.load(config)
@@ -140,7 +143,13 @@ class DataLoader(LocalLoader):
         workers = settings.pop("num_workers", None)
         if "readers" not in settings and workers:
             settings["readers"] = workers
-        for torch_only in ("persistent_workers", "prefetch_factor", "multiprocessing_context"):
+        for torch_only in (
+            "persistent_workers",
+            "prefetch_factor",
+            "multiprocessing_context",
+            "timeout",
+            "pin_memory_device",
+        ):
             settings.pop(torch_only, None)
         return cls(Dataset.from_config(data), **settings)
 

@@ -314,7 +314,10 @@ class Seen:
         if not changed and not lacking:
             return table
         fields = [pa.field(n, types[n][0] if n in types else table.schema.field(n).type) for n in names]
-        return conform(table, pa.schema(fields + [pa.field(n, types[n][0]) for n in lacking]))
+        try:
+            return conform(table, pa.schema(fields + [pa.field(n, types[n][0]) for n in lacking]))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"{file}: its values do not convert to the types read before: {exc}") from None
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

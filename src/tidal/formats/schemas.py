@@ -3,8 +3,8 @@
 A corpus written over months by different jobs drifts: int32 ids next to int64 ones, float32
 scores next to float64, string next to large_string, dictionary-encoded text next to plain, a
 column added later. The formats whose files carry an Arrow schema (Parquet, Arrow IPC and so
-``save_to_disk`` directories, LitData chunks with an Arrow footer: ``ARROW_SCHEMA`` in their
-module) record each file's schema when it is scanned (``info["types"]``, :func:`encode`; the
+``save_to_disk`` directories: ``ARROW_SCHEMA`` in their module) record each file's schema when
+it is scanned (``info["types"]``, :func:`encode`; the
 index keeps each distinct schema once); :func:`agree` then decides the dataset's schema when
 the dataset is opened (:func:`tidal.tables.one_schema`: pyarrow's permissive promotion, a
 column some files lack null in theirs, a declared ``column_types`` as declared) and gives the
@@ -14,14 +14,16 @@ those files. Types that do not join are a :class:`~tidal.errors.SchemaError` nam
 and a file of each, raised by ``tidal.Dataset(...)``.
 
 Token files (``TOKEN_DTYPE`` in their module: tidal token shards, Megatron, flat ``.npy`` and
-``.bin``) have one column, ``input_ids``, whose dtype each file says: :func:`agree_tokens` gives
+``.bin``, LitData ``TokensLoader`` chunks) have one column, ``input_ids``, whose dtype each file says: :func:`agree_tokens` gives
 the dataset one dtype (the integer type that holds every file's ids), and the readers of files
 of another widen their ids to it (:func:`widen`): a pack of uint16 and int32 files never wraps
 an id.
 
 Where the types are unknown when the dataset is opened (an index published by an older tidal,
-before scans recorded them), the block that meets files of different types joins them by the
-same rules or raises the same error (:func:`tidal.tables.concat`).
+before scans recorded them), each reader joins the pieces it reads by the same rules or raises
+the same error, in a block (:func:`tidal.tables.concat`) and from one block to the next
+(:class:`tidal.tables.Seen`). MDS and LitData keep encodings, not Arrow types: one per column,
+checked by :func:`tidal.formats.check_schemas`.
 """
 
 from __future__ import annotations

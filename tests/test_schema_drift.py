@@ -281,6 +281,9 @@ def test_drifted_arrow_files_and_streams_read_as_one_schema(tmp_path: Path) -> N
     ds = tidal.Dataset(tmp_path)
     assert list(ds) == want
     assert [b["id"].dtype for b in ds.batch(1)] == [np.dtype(np.int64)] * 3
+    assert list(tidal.Dataset(tmp_path, columns=["n"])) == [{"n": None}, {"n": None}, {"n": 1.5}]
+    declared = tidal.Dataset(tmp_path, columns=["n", "id"], format_options={"column_types": {"n": "string"}})
+    assert list(declared) == [{"n": None, "id": 0}, {"n": None, "id": 1}, {"n": "1.5", "id": 2}]
     write_arrow(tmp_path / "c.arrow", pa.table({"id": pa.array(["3"])}))
     with pytest.raises(tidal.SchemaError, match=r"column 'id' is int32 in \S*a.arrow but string in \S*c.arrow"):
         tidal.Dataset(tmp_path)

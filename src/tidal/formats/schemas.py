@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,7 +53,8 @@ def encode(schema: pa.Schema) -> str:
     """A file's schema as the index keeps it: its columns and types (no metadata, every column
     nullable, so that files of one type have one text), as a base64 Arrow IPC schema."""
     plain = pa.schema([pa.field(f.name, f.type) for f in schema])
-    return base64.b64encode(plain.serialize().to_pybytes()).decode()
+    # one string object per schema however many files have it: the shards a worker is sent hold it once
+    return sys.intern(base64.b64encode(plain.serialize().to_pybytes()).decode())
 
 
 @functools.lru_cache(maxsize=256)

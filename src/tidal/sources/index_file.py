@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,7 @@ def _named_schemas(columns: dict[str, list], schemas: Any) -> None:
     whose schema is not there (an index rewritten by an older tidal, which drops the list) has no
     count, so it is scanned again."""
     table = schemas if isinstance(schemas, list) and all(isinstance(t, str) for t in schemas) else []
+    table = [sys.intern(t) for t in table]  # the objects fresh scans of the same schemas give (tidal.formats.schemas)
     infos, rows = columns["info"], columns["rows"]
     for i, info in enumerate(infos):
         if isinstance(info, dict) and "types" in info:

@@ -386,3 +386,19 @@ def test_bad_data_is_reported_as_by_a_loader_started_when_iterated(tmp_path: Pat
         return sorted(log.read_text().split())
 
     assert reports(start_early=True) == reports(start_early=False)
+
+
+def test_a_loader_started_early_pickles_and_copies_as_one_that_did_not(data: Path, tmp_path: Path) -> None:
+    """Frameworks copy loaders (deepcopy, pickle): the copy starts its own workers when iterated."""
+    import copy
+    import pickle
+
+    ds = chain(data, tmp_path / "read.log")
+    plain = ids(tidal.DataLoader(ds, num_workers=2, start_early=False))
+    loader = tidal.DataLoader(ds, num_workers=2)
+    assert ids(pickle.loads(pickle.dumps(loader))) == ids(copy.deepcopy(loader)) == ids(loader) == plain
+    jax = pytest.importorskip("jax")
+    jax_loader = pytest.importorskip("tidal.jax")
+    jax.devices()
+    started = jax_loader.Loader(ds, num_workers=2)
+    assert ids(pickle.loads(pickle.dumps(started))) == ids(started) == plain

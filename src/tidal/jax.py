@@ -231,6 +231,9 @@ class Loader:
             out[name] = jax.make_array_from_process_local_data(sharding, value)
         return out
 
+    def __getstate__(self) -> dict:  # a copy (pickled, deepcopied) starts its readers when iterated
+        return {**self.__dict__, "_early": None, "_running": None}
+
     def close(self) -> None:
         """Stop the background readers and prefetching (a later ``iter()`` starts them again)."""
         if self._early is not None:
@@ -342,9 +345,8 @@ class LoaderIterator(Iterator[dict]):
             taken=self._taken if loader._num_workers else None,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
-        if loader._sharding is None:
-            loader._sharding = data_sharding()
-        globalize = functools.partial(Loader._globalize, sharding=loader._sharding, batch_size=loader.batch_size)
+        sharding = loader._sharding if loader._sharding is not None else data_sharding()
+        globalize = functools.partial(Loader._globalize, sharding=sharding, batch_size=loader.batch_size)
         self._counts = _Counts(loader._meter, held=early)
         made: Generator[tuple[list, int, dict]] = _made(
             self._pool, loader._workers, at.next_worker, globalize, split, self._counts

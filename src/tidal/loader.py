@@ -322,6 +322,9 @@ class DataLoader(torch.utils.data.DataLoader):
         data = schema.load(config)
         return cls(Dataset.from_config(data), **{**schema.loader_settings(data), **kwargs})
 
+    def __getstate__(self) -> dict:  # a copy (pickled, deepcopied) starts its workers when iterated
+        return {**self.__dict__, "_early": None}
+
     def stats(self) -> dict:
         """This rank's counters since its first batch: batches, tokens, seconds, throughput, the
         time the training loop waited on data and its share, and every reader's own counters

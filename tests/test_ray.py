@@ -287,6 +287,9 @@ def test_a_reader_makes_at_most_prefetch_batches_ahead(tmp_path: Path, cluster: 
     root = make_shards(tmp_path / "data", SIZES)
     ds = tidal.Dataset(root).shuffle(5, block_size=40).map(functools.partial(note, str(made))).batch(4)
     loader = on_ray(ds, 2, prefetch=4)
+    for handle in loader.readers:  # started with the loader, and opened: they read when iterated
+        ray.get(handle.where.remote())
+    assert not list(made.iterdir())
     running = iter(loader)
     taken = [next(running) for _ in range(4)]  # 2 batches of each reader, the second in a bundle of 2
     for handle in loader.readers:  # a reader answers in order: once this returns, it has made what it was asked

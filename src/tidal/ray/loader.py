@@ -87,9 +87,10 @@ class DataLoader(LocalLoader):
     from it, so no record is lost or repeated. ``loader.readers`` lists the actor handles.
     Under ``torch.distributed`` every rank starts its own ``readers`` readers, which read the
     shares its DataLoader workers would. ``device=``, ``prefetch_to_device=``, ``pin_memory=``,
-    ``batch_size=``, ``log_every=``, ``start_early=`` are ``tidal.DataLoader``'s: the readers start
-    when the loader is built and when it is given a state (their actors take seconds to start,
-    which the script's model restore hides), where the ranks can be known then.
+    ``batch_size=``, ``log_every=``, ``start_early=`` are ``tidal.DataLoader``'s: the readers' actors
+    start when the loader is built and are opened again when it is given a state (an actor takes
+    seconds to start, which the script's model restore hides), where the ranks can be known then;
+    they read when iterated.
     """
 
     def __init__(
@@ -169,10 +170,16 @@ class DataLoader(LocalLoader):
         )
 
     def _launch_actors(
-        self, ranks: World, readers: list[dict | None], first_epoch: int, origin: dict | None, weights: dict | None
+        self,
+        ranks: World,
+        readers: list[dict | None],
+        first_epoch: int,
+        origin: dict | None,
+        weights: dict | None,
+        ask: bool = True,
     ) -> Session:
         """The readers opened for a pass: the actors of the last pass where they are (opened again,
-        not started again: an actor takes seconds to start), else new ones."""
+        not started again: an actor takes seconds to start), else new ones. ``ask``: they read now."""
         if self._actors is None or self._actors.closed:
             self._actors = Actors(
                 self.tidal_dataset,
@@ -182,12 +189,14 @@ class DataLoader(LocalLoader):
                 timeout=self._reader_timeout,
                 convert=self._as_torch,
             )
-        return self._actors.start(ranks, readers, first_epoch, origin, weights)
+        return self._actors.start(ranks, readers, first_epoch, origin, weights, ask)
 
     def _start_early(self) -> None:
-        """Start the readers now, from where the next ``iter()`` continues (``start_early``), where
-        the ranks can be known now; ``iter()`` takes them only if that is where it would start
-        them itself. Anything that fails here is left to ``iter()``, which raises it."""
+        """Start the readers' actors now, opened where the next ``iter()`` continues (``start_early``),
+        where the ranks can be known now; ``iter()`` takes them only if that is where it would open
+        them itself. They read when iterated: a pass dropped before (a state loaded since, other
+        ranks) has read nothing, and reported no bad data. Anything that fails here is left to
+        ``iter()``, which raises it."""
         self._drop_early()
         if not self._early_on or "_reader_timeout" not in self.__dict__:  # (tidal.DataLoader's __init__ calls it first)
             return
@@ -197,7 +206,7 @@ class DataLoader(LocalLoader):
                 return
             at = self._ledger.start(ranks)
             self._check_pickles()
-            session = self._launch_actors(at.ranks, at.readers, at.first_epoch, at.origin, at.weights)
+            session = self._launch_actors(at.ranks, at.readers, at.first_epoch, at.origin, at.weights, ask=False)
         except Exception as exc:
             _log.debug("tidal.ray: the readers start when iterated: %s", exc)
             return

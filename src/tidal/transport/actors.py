@@ -200,11 +200,19 @@ class Actors:
         return list(self._handles)
 
     def start(
-        self, ranks: World, states: list[dict | None], first_epoch: int, origin: dict | None, weights: dict | None
+        self,
+        ranks: World,
+        states: list[dict | None],
+        first_epoch: int,
+        origin: dict | None,
+        weights: dict | None,
+        ask: bool = True,
     ) -> Session:
         """Open every reader for a pass as rank ``ranks``, reader ``w`` from ``states[w]`` (None: the
-        start of its share); the session fetches their bundles. Calls of an earlier pass still
-        running are answered and dropped (a reader opened again finishes them first)."""
+        start of its share); the session fetches their bundles. ``ask``: ask each for its first
+        bundle now (else at the session's first ``fetch``: nothing is read, so nothing is reported
+        of bad data, for a pass that may be dropped). Calls of an earlier pass still running are
+        answered and dropped (a reader opened again finishes them first)."""
         self.park()
         self.session += 1
         self._rank, self._opened = ranks.rank, (first_epoch, origin, weights)
@@ -216,13 +224,13 @@ class Actors:
         self._base_streams = [None] * self._n
         self._lost = [0] * self._n
         for w in range(self._n):
-            self._open(w)
+            self._open(w, ask)
         return Session(self, self.session)
 
-    def _open(self, w: int) -> None:
+    def _open(self, w: int, ask: bool = True) -> None:
         handle = self._handles[w]
         handle.open.remote(self._worlds[w], self._last[w], *self._opened)
-        self._pending[w] = deque([handle.next.remote()])
+        self._pending[w] = deque([handle.next.remote()] if ask else [])
 
     def fetch(self, w: int) -> Bundle:
         """Reader ``w``'s next bundle; an error it raised is raised here; a reader that died or

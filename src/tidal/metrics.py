@@ -112,13 +112,25 @@ class Marker:
     after ``it.state()``, it takes the mixture's counts at the position that call returned."""
 
     def __init__(self, it: DatasetIterator):
+        from tidal.stages.pack import Pack
+
         self._it = it
         self._batched = any(s.batch_size() is not None for s in _main_line(it.stage))
+        # pack(eos=...) above the mixture appends to each document a token no stream's record holds
+        self._eos = any(isinstance(s, Pack) and s.config.eos is not None for s in _main_line(it.stage))
 
     def __call__(self, item: Any) -> Mark:
         drawn = self._it.streams()
         streams = Streams(*drawn) if drawn is not None else None
+        if streams is not None and self._eos:  # counted as its document's stream's, as tokenize()'s EOS is
+            streams = streams._replace(
+                tokens=_plus(streams.tokens, streams.records), tokens_at=_plus(streams.tokens_at, streams.records_at)
+            )
         return records_of(item, self._batched), tokens_of(item), streams
+
+
+def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {name: n + b.get(name, 0) for name, n in a.items()}
 
 
 def _first_weights(stage: Stage) -> dict[str, float]:

@@ -100,7 +100,7 @@ def exactly_once(
     elastic_from: int | None = None,
 ) -> None:
     """Every record of the epochs once (tokens, for packed rows), bad ones reported once, within
-    the documented remainder; ``reported``: per ``(file, row)``, how often a bad record was
+    the documented remainder; ``reported``: per ``(corpus, file, row)``, how often a bad record was
     reported (None where the run cannot tell: then bad records are left out)."""
     readers = lanes(cell, cell.ranks_after if elastic_from else cell.ranks,
                     cell.loader_after if elastic_from else cell.loader)  # fmt: skip
@@ -123,7 +123,7 @@ def exactly_once(
         findings.append(
             f"exactly once: rows hold ids that are not records of the pass (or were filtered): {foreign[:8]}"
         )
-    mixed_repeat = cell.mix is not None and cell.stop == "all_exhausted"
+    mixed_repeat = restarts(cell)
     extra = {i: got[i] - want[i] for i in want if got[i] > want[i]}
     allowed_extra = 0
     if elastic_from and cell.pack == "best_fit":  # the buffer in progress is packed again
@@ -144,7 +144,7 @@ def exactly_once(
     if reported is not None:
         for c in streams.corpora.values():
             for name, r in c.bad:
-                bad_missing += max(0, E - reported[(name, r)])
+                bad_missing += max(0, E - reported[(c.root.name, name, r)])
     unit = MAX_DOC if cell.packed else 1
     rem = sum(remainder(cell, c, readers) for c in streams.corpora.values()) * E
     bound = rem * unit
@@ -153,8 +153,8 @@ def exactly_once(
     if cell.drop_last and cell.batch:
         bound += readers * (b - 1) * (cell.seq_len if cell.packed else 1)
     if elastic_from:
-        old = elastic_from
-        bound += sum(remainder(cell, c, old) for c in streams.corpora.values()) * unit
+        old = elastic_from  # the readers before, which left part of the epoch; the new ones split it
+        bound += len(streams.corpora) * E * (old + readers) * unit  # equally, but for fewer than there are
         if cell.pack == "concat":
             bound += old * MAX_DOC  # the document in progress counts as used
         if cell.packed:
@@ -167,6 +167,12 @@ def exactly_once(
             f"exactly once: {missing} {what} never read and {bad_missing} bad record(s) never reported, "
             f"more than the documented remainder ({bound}); e.g. ids {examples}"
         )
+
+
+def restarts(cell: Cell) -> bool:
+    """Whether a stream can be read again in the pass: a mixture that stops at its last exhausted
+    stream restarts the others (their next epoch) until then."""
+    return cell.mix is not None and cell.stop == "all_exhausted"
 
 
 def bad_reports(cell: Cell, streams: Streams, lines: Iterable[dict], findings: list[str], where: str) -> Counter:
@@ -182,9 +188,9 @@ def bad_reports(cell: Cell, streams: Streams, lines: Iterable[dict], findings: l
         if e["type"] != "RecordError" or e["row"] is None or c.at(name, e["row"]) is not None:
             findings.append(f"{where}: the errors function got {e['type']} for {name} row {e['row']}, not a bad record")
             continue
-        seen[(name, e["row"])] += 1
+        seen[(c.root.name, name, e["row"])] += 1  # streams' files may have the same names
     twice = {k: n for k, n in seen.items() if n > cell.epochs}
-    if twice:
+    if twice and not restarts(cell):
         findings.append(f"{where}: the errors function got a bad record more than once an epoch: {twice}")
     return seen
 

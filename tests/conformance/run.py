@@ -123,6 +123,7 @@ class Pass:
     rank: int
     batches: list[list[Row]] = field(default_factory=list)
     states: dict[int, dict] = field(default_factory=dict)  # batches consumed -> state then
+    end: dict | None = None  # the state once the loop stopped (after a whole pass: the next pass's start)
     metrics: dict | None = None
     error: BaseException | None = None
 
@@ -165,7 +166,7 @@ def drive(
         if close is not None:
             close()
     if out.error is None:
-        out.states[step] = jsonable(loader.state_dict())
+        out.end = jsonable(loader.state_dict())
     if hasattr(loader, "metrics"):
         out.metrics = dict(loader.metrics())
     return out

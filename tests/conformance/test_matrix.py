@@ -9,6 +9,7 @@ runs it alone.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,63 @@ NAMED: dict[str, Cell] = {
         loader="torch0",
         resume="same",
     ),
+    # pack(eos=...) over a mixture of token files: the EOS it appends to each document was no stream's,
+    # so Σ tokens/<stream> fell short of tokens by one a document
+    "packed_token_files_streams_add_up_to_tokens": Cell(
+        seed=4, fmt="megatron", mix="files", pack="concat", loader="torch0"
+    ),
+    "packed_token_files_streams_add_up_to_tokens_best_fit": Cell(
+        seed=5, fmt="tokens", mix="small", pack="best_fit", loader="fork2"
+    ),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """A defect the matrix found that is not fixed yet: ``shows`` says which cells can show it."""
+
+    why: str
+    shows: Callable[[Cell], bool]
+
+
+# Drawn cells that can show a known defect are expected to fail (not strictly: a cell may miss it);
+# the named case of each is expected to fail strictly: fixed, it passes, and moves to NAMED.
+KNOWN: dict[str, Known] = {
+    "pack_elastic_repeats_its_chunk": Known(
+        "an elastic restore of pack() over a stream that is not one document per record (a filter, a "
+        "mixture) reads the chunk in progress again from its start (Pack.used() cannot count within it): "
+        "documents the rows had held are repeated, which docs/resumption.md says does not happen",
+        lambda c: c.resume == "elastic" and c.packed and (c.filter or c.mix is not None),
+    ),
+    "best_fit_buffer_is_256_documents": Known(
+        "pack('best_fit') pulls chunk_docs (256) documents a time whatever buffer_size, so its buffer holds "
+        "hundreds of documents, not about buffer_size sequences' worth: an elastic restore repeats them all",
+        lambda c: c.resume == "elastic" and c.pack == "best_fit",
+    ),
+    "set_weights_restart_reads_again": Known(
+        "set_weights restarts the readers from the ledger: bad records they had met reading ahead reach the "
+        "errors function and metrics()['skipped'] again, and tidal state verify reads a best-fit buffer twice",
+        lambda c: c.set_weights is not None and ("bad" in (c.shape, c.mix) or c.pack == "best_fit"),
+    ),
+}
+
+KNOWN_CASES: dict[str, tuple[str, Cell]] = {
+    "elastic_pack_over_a_filter": (
+        "pack_elastic_repeats_its_chunk",
+        Cell(seed=6, fmt="tokens", shape="large", filter=True, pack="concat", seq_len=32, batch=1,
+             loader="fork2", resume="elastic", at=0.3),
+    ),
+    "elastic_pack_over_a_mixture": (
+        "pack_elastic_repeats_its_chunk",
+        Cell(seed=8, fmt="tokens", shape="large", mix="large", pack="concat", seq_len=32, batch=1,
+             resume="elastic", loader_after="fork2", at=0.3),
+    ),
+    "elastic_best_fit_small_buffer": (
+        "best_fit_buffer_is_256_documents",
+        Cell(seed=7, fmt="megatron", shape="large", size=190, pack="best_fit", seq_len=32, loader="fork2",
+             resume="elastic", at=0.45),
+    ),
+}  # fmt: skip
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -61,7 +118,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _marks(cell: Cell) -> list[Any]:
     costly = cell.loader == "spawn2" or cell.storage == "s3" or "spawn2" in (cell.loader_after,)
-    return [pytest.mark.slow] if costly else []
+    marks: list[Any] = [pytest.mark.slow] if costly else []
+    known = [name for name, k in KNOWN.items() if k.shows(cell)]
+    if known:
+        marks.append(pytest.mark.xfail(reason="can show " + ", ".join(known), strict=False))
+    return marks
 
 
 def check(cell: Cell, tmp: Path, request: pytest.FixtureRequest, again: str) -> None:
@@ -78,6 +139,13 @@ def test_cell(seed: int, tmp_path: Path, request: pytest.FixtureRequest) -> None
 @pytest.mark.parametrize("name", sorted(NAMED))
 def test_named_case(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     cell = NAMED[name]
+    check(cell, tmp_path, request, f".venv/bin/python -m pytest tests/conformance -k {name}")
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_CASES))
+def test_known_defect(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    defect, cell = KNOWN_CASES[name]
+    request.applymarker(pytest.mark.xfail(reason=KNOWN[defect].why, strict=True))
     check(cell, tmp_path, request, f".venv/bin/python -m pytest tests/conformance -k {name}")
 
 

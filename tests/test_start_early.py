@@ -402,3 +402,4 @@ def test_a_loader_started_early_pickles_and_copies_as_one_that_did_not(data: Pat
     jax.devices()
     started = jax_loader.Loader(ds, num_workers=2)
     assert ids(pickle.loads(pickle.dumps(started))) == ids(started) == plain
+    assert ids(pickle.loads(pickle.dumps(started))) == ids(started)  # iterated too: both read the next epoch

@@ -165,3 +165,27 @@ def test_what_ran_out_is_read_from_the_error_or_its_cause() -> None:
     assert exhausted(wrapped) == "file descriptors"
     assert exhausted(ValueError("Failed to open local file. Detail: [errno 24] Too many open files"))
     assert exhausted(OSError(errno.ENOENT, "x")) is None and exhausted(ValueError("errno 240")) is None
+
+
+@pytest.mark.parametrize("errors", ["raise", "skip"])
+def test_a_slice_read_as_fewer_records_than_it_holds_is_an_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: str
+) -> None:
+    """A reader (or a file changed since it was counted) that gives a slice fewer rows than it
+    holds would lose records without a word: the block says so, naming the file and rows."""
+    import tidal
+    from tidal.formats import parquet
+
+    for k in range(2):
+        pq.write_table(pa.table({"id": list(range(10 * k, 10 * k + 10))}), tmp_path / f"f{k}.parquet")
+    original = parquet.ParquetReader.read
+
+    def read(self: Any, start: int, stop: int) -> Piece:
+        piece = original(self, start, stop)
+        if self._path.endswith("f1.parquet"):
+            return Piece(piece.table.slice(1))
+        return piece
+
+    monkeypatch.setattr(parquet.ParquetReader, "read", read)
+    with pytest.raises(tidal.FormatError, match=r"f1\.parquet: rows 0 to 10 read as 9 records, not 10"):
+        list(tidal.Dataset(tmp_path, errors=errors).shuffle(seed=0))

@@ -360,6 +360,7 @@ class BlockReader:
         shards = self._plan.shards
         for (s, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
             self._count_read(s, a, z)
+            _check_rows(piece, shards.paths[s], a, z)
             if length(piece.table):
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
             if piece.valid is None or piece.valid.any():
@@ -648,3 +649,15 @@ class BlockReader:
                     return
                 for s, _, _ in order.slices(block):
                     yield s
+
+
+def _check_rows(piece: Piece, path: str, start: int, stop: int) -> None:
+    """That a slice read gave a row for each of its records, skipped ones included: a reader (or a
+    file changed since it was counted) that gives fewer would lose records without a word."""
+    got = len(piece.valid) if piece.valid is not None else length(piece.table)
+    kept = int(piece.valid.sum()) if piece.valid is not None else got
+    if got != stop - start or length(piece.table) != kept:
+        raise FormatError(
+            f"{redact_urls(path)}: rows {start:,} to {stop:,} read as {got:,} records, not {stop - start:,}: "
+            "the file changed since it was counted? (tidal index it again)"
+        )

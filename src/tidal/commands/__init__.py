@@ -6,8 +6,10 @@ one) and sets ``run``: a function of the parsed arguments that returns the exit 
 
 What the commands share lives here: the arguments that name a dataset (a URL, ``--format``,
 ``--columns``, ``--storage-option``, ``--cache-dir``, ``--config``) and opening it, with a
-progress bar while it is indexed; the progress bars themselves (tqdm, the ``cli`` extra, on
-stderr when it is a terminal or with ``--progress``); sizes and rates as text.
+progress bar while it is indexed; what a replay of a saved run reads (a state file, and the
+pipeline config its loader ran: ``tidal trace``, ``tidal state verify``); the progress bars
+themselves (tqdm, the ``cli`` extra, on stderr when it is a terminal or with ``--progress``);
+sizes and rates as text.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidal.errors import ArgumentError, needs
@@ -151,6 +154,41 @@ def open_dataset(args: argparse.Namespace, errors: Any = "raise") -> Dataset:
     follow = bool(getattr(args, "follow_links", False))
     kwargs: dict[str, Any] = {"storage_options": options or None, "cache_dir": args.cache_dir, "follow_links": follow}
     return Dataset(args.url, columns(args.columns), args.format, errors, progress=progress_on(args), **kwargs)
+
+
+# -- a saved run: its states and its pipeline (tidal trace, tidal state) ---------------------------
+
+
+def read_state(path: str) -> dict:
+    """A state file's JSON object; errors name the file (missing, unreadable, not JSON and where
+    the JSON breaks, not an object)."""
+    from tidal.provenance import load_state
+
+    return load_state(Path(path))
+
+
+def add_pipeline(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        required=True,
+        metavar="PIPELINE",
+        help="the pipeline config the state was saved with (.yaml, .json, .toml; see tidal.Dataset.from_config); "
+        "its loader batch_size applies as tidal.DataLoader.from_config applies it",
+    )
+
+
+def pipeline(config: str) -> Dataset:
+    """The dataset ``tidal.DataLoader.from_config(config)`` iterates: the config's chain, batched
+    by its loader ``batch_size`` where it has one."""
+    from tidal import config as schema
+    from tidal.dataset import Dataset
+
+    data = schema.load(config)
+    ds = Dataset.from_config(data)
+    settings = schema.loader_settings(data)
+    if settings.get("batch_size") is not None:
+        ds = ds.batch(settings["batch_size"], drop_last=bool(settings.get("drop_last", False)))
+    return ds
 
 
 # -- progress bars -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tidal.commands import add_pipeline, pipeline, read_state
 from tidal.errors import StateError
 
 
@@ -72,8 +73,6 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         nargs="+",
         help="the run's states, saved as JSON (taken in step order, as a glob gives them or not)",
     )
-    from tidal.commands.trace import add_pipeline
-
     add_pipeline(q)
     q.add_argument(
         "--from-state",
@@ -84,14 +83,6 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     q.set_defaults(run=verify)
 
 
-def read(path: str) -> dict:
-    """A state file's JSON object; errors name the file (missing, unreadable, not JSON and where
-    the JSON breaks, not an object)."""
-    from tidal.provenance import load_state
-
-    return load_state(Path(path))
-
-
 def _named(path: str, exc: StateError) -> StateError:
     return StateError(f"{path}: {exc}")
 
@@ -99,7 +90,7 @@ def _named(path: str, exc: StateError) -> StateError:
 def show(args: argparse.Namespace) -> int:
     from tidal.state import show as describe
 
-    state = read(args.state)
+    state = read_state(args.state)
     try:
         print(describe(state))
     except StateError as exc:
@@ -110,7 +101,7 @@ def show(args: argparse.Namespace) -> int:
 def skip(args: argparse.Namespace) -> int:
     from tidal.state import skip as skipped
 
-    state = read(args.state)
+    state = read_state(args.state)
     try:
         new = skipped(state, args.batches, approximate=args.approximate)
     except StateError as exc:
@@ -125,7 +116,7 @@ def skip(args: argparse.Namespace) -> int:
 def merge(args: argparse.Namespace) -> int:
     from tidal.state import merge as merged
 
-    new = merged([read(path) for path in args.states], names=list(args.states))
+    new = merged([read_state(path) for path in args.states], names=list(args.states))
     write(args.output, new)
     ranks, workers = new["topology"]
     print(f"wrote {args.output}: the state of {ranks} rank(s) x {workers} worker(s) from {len(args.states)} file(s)")
@@ -145,11 +136,10 @@ def write(path: str, state: dict) -> None:
 
 
 def verify(args: argparse.Namespace) -> int:
-    from tidal.commands.trace import pipeline
     from tidal.verify import verify as check
 
     for path in args.states:
-        read(path)  # a file that is not JSON: named as the other commands name it
+        read_state(path)  # a file that is not JSON: named as the other commands name it
     ds = pipeline(args.config)
     report = check(ds, args.states, from_start=not args.from_state)
     if args.json:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tidal.dataset import Dataset
+from tidal.commands import add_pipeline, pipeline, read_state
 
 
 def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -52,36 +51,11 @@ def add(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=run)
 
 
-def add_pipeline(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config",
-        required=True,
-        metavar="PIPELINE",
-        help="the pipeline config the state was saved with (.yaml, .json, .toml; see tidal.Dataset.from_config); "
-        "its loader batch_size applies as tidal.DataLoader.from_config applies it",
-    )
-
-
-def pipeline(config: str) -> Dataset:
-    """The dataset ``tidal.DataLoader.from_config(config)`` iterates: the config's chain, batched
-    by its loader ``batch_size`` where it has one."""
-    from tidal import config as schema
-    from tidal.dataset import Dataset
-
-    data = schema.load(config)
-    ds = Dataset.from_config(data)
-    settings = schema.loader_settings(data)
-    if settings.get("batch_size") is not None:
-        ds = ds.batch(settings["batch_size"], drop_last=bool(settings.get("drop_last", False)))
-    return ds
-
-
 def run(args: argparse.Namespace) -> int:
-    from tidal.commands.state import read
     from tidal.provenance import traced
 
     if args.state is not None:
-        read(args.state)  # a file that is not a state's JSON: named before the pipeline is built
+        read_state(args.state)  # a file that is not a state's JSON: named before the pipeline is built
     ds = pipeline(args.config)
     steps = traced(
         ds, args.state, args.steps, args.rank, skip=args.skip, world_size=args.ranks, num_workers=args.workers

@@ -43,7 +43,8 @@ from tidal.errors import SourceError, StorageError
 from tidal.sources.globs import glob_pattern
 from tidal.sources.index_file import INDEX_NAME, Entries, loads
 from tidal.storage.config import Storage
-from tidal.storage.fs import FileStat, Remote, _not_found
+from tidal.storage.fs import FileStat, Remote
+from tidal.storage.refusals import not_found
 from tidal.storage.retry import redact
 from tidal.storage.urls import protocol
 
@@ -120,7 +121,7 @@ def read(remote: Remote, url: str, root: str, *, named: bool = False) -> Publish
     try:
         data = _read_local(url) if protocol(url) is None else reader(remote, url).cat(url)
     except (SourceError, StorageError) as exc:
-        missing = isinstance(exc, SourceError) or _not_found(exc)
+        missing = isinstance(exc, SourceError) or not_found(exc)
         if named and missing:
             raise StorageError(
                 f"{where}: the index named by index_url is not there (a typo? `tidal index URL --to {where}` "

@@ -6,7 +6,10 @@ fsspec protocol) reads them through this package; local paths never touch it.
 - :mod:`~tidal.storage.config`: :class:`Storage`, the settings (storage_options, cache
   directory and limit, timeout, retries, prefetch), plain data that travels to workers.
 - :mod:`~tidal.storage.fs`: a URL's filesystem and the requests tidal makes: list, stat,
-  ranged GET.
+  ranged GET; :mod:`~tidal.storage.clients`: the clients it builds (s3fs, obstore, gcsfs,
+  adlfs, the Hub), their own retries off; :mod:`~tidal.storage.ranges`: what a ranged GET's
+  answer says (a server that ignores ``Range``); :mod:`~tidal.storage.refusals`: what a
+  store's refusal, or "not found", means.
 - :mod:`~tidal.storage.retry`: which errors are transient; backoff with jitter.
 - :mod:`~tidal.storage.cache`: the on-disk cache: LRU eviction under a limit, ``flock``
   locks that die with their process, atomic placement, hash and size checks.

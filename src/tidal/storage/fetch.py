@@ -35,7 +35,8 @@ from pathlib import Path
 from tidal.errors import ArgumentError, SourceError, StorageError
 from tidal.storage.cache import Cache, Entry, Handle, hasher
 from tidal.storage.config import Storage
-from tidal.storage.fs import FileStat, Remote, _not_found
+from tidal.storage.fs import FileStat, Remote
+from tidal.storage.refusals import not_found
 from tidal.storage.retry import Truncated, code_and_status, redact
 from tidal.storage.stats import Stats
 from tidal.storage.urls import protocol
@@ -105,7 +106,7 @@ class Fetcher:
         """Where a failed GET (``exc``; None: a download whose hash is not the index's) may mean
         the object is no longer the one listed, ask the store (one HEAD) and raise what it says:
         it changed, or it is gone. Otherwise return, and the failure is what it seemed."""
-        if exc is not None and _not_found(exc):
+        if exc is not None and not_found(exc):
             raise gone(entry, remote._no_bucket(entry.url, exc))  # its bucket may be what is gone: then it says so
         if exc is not None and not _suspect(exc):
             return

@@ -7,11 +7,10 @@ event loops and connection pools that do not survive ``fork`` (DataLoader worker
 
 Every request has a timeout (``Storage.timeout``; for fsspec's async filesystems it is
 enforced around the request itself, so it holds for any protocol) and goes through
-:func:`tidal.storage.retry.call`. Where tidal builds the client, the client's own retry
-loop is turned off so that retries are counted once, in one place: s3fs and obstore
-(:func:`_s3fs`, :func:`_obstore_config`), gcsfs (:func:`_gcsfs`), adlfs (:func:`_adlfs`) and
-the Hub's ``HfFileSystem`` (:func:`_hub_class`); fsspec's HTTP filesystem has none.
-docs/remote.md tabulates what each one did and what a try is.
+:func:`tidal.storage.retry.call`, so retries are counted once, in one place: the clients tidal
+builds have their own retries off (:mod:`tidal.storage.clients`). A ranged GET's answer is
+checked by :mod:`tidal.storage.ranges` (a server that ignores ``Range`` sends the whole object),
+and what a store's refusal or absence means is read by :mod:`tidal.storage.refusals`.
 
 ``s3://`` has two clients. s3fs lists and indexes, and reads wherever obstore cannot.
 obstore reads shard data where it is a drop-in: its fsspec layer moves whole shards
@@ -19,7 +18,7 @@ faster than s3fs, and its own API (which tidal calls for ranged GETs: no shared 
 loop, no copy of the body) faster still (``bench/bench_s3.py``). ``"auto"`` takes it when
 the ``storage_options`` carry credentials (or ``anon``) and a region or an endpoint in a form
 obstore takes (it knows no AWS profiles or SSO), and when this process is not a fork of one
-in which obstore's runtime already ran (:func:`obstore_safe`): that runtime does not survive
+in which obstore's runtime already ran (:func:`tidal.storage.clients.obstore_safe`): that runtime does not survive
 ``fork``, which is how torch starts DataLoader workers. Listing always uses s3fs, so the
 process that builds a dataset never starts obstore before forking its workers.
 """
@@ -29,19 +28,27 @@ from __future__ import annotations
 import glob as _glob
 import os
 import posixpath
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
 from tidal.errors import MissingDependency, SourceError, StorageError, missing
-from tidal.storage import logs
+from tidal.storage import logs, ranges
+from tidal.storage.clients import (
+    adlfs_client,
+    aiohttp_timeout,
+    gcsfs_client,
+    hub_client,
+    obstore_client,
+    obstore_options,
+    obstore_safe,
+    s3fs_client,
+)
 from tidal.storage.config import Storage
-from tidal.storage.refusals import bucket_gone, bucket_of, explain
-from tidal.storage.retry import Truncated, call, code_and_status, redact, transient
+from tidal.storage.refusals import already_exists, bucket_gone, bucket_of, explain, not_found
+from tidal.storage.retry import call, redact
 from tidal.storage.stats import Stats
 
 _VERSION_KEYS = ("ETag", "etag", "e_tag", "generation", "VersionId", "version_id", "blob_id", "md5Hash")
@@ -114,18 +121,18 @@ class Remote:
         options = dict(self.storage.options)
         try:
             if self.backend == "obstore":
-                fs = _obstore(options, self.storage)
+                fs = obstore_client(options, self.storage)
             elif self.backend == "s3fs":
-                fs = _s3fs(options, self.storage)
+                fs = s3fs_client(options, self.storage)
             elif self.protocol in ("gs", "gcs"):
-                fs = _gcsfs(options, self.storage)
+                fs = gcsfs_client(options, self.storage)
             elif self.protocol in ("az", "abfs", "abfss"):
-                fs = _adlfs(options, self.storage)
+                fs = adlfs_client(options, self.storage)
             elif self.protocol == "hf":
-                fs = _TidalHub(tidal_timeout=self.storage.timeout, **options)
+                fs = hub_client(options, self.storage)
             else:
                 if self.protocol in ("http", "https") and "client_kwargs" not in options:
-                    options["client_kwargs"] = {"timeout": _aiohttp_timeout(self.storage)}
+                    options["client_kwargs"] = {"timeout": aiohttp_timeout(self.storage)}
                 fs = fsspec.filesystem(self.protocol, **options)
             logs.guard(self.storage.options)  # the client's libraries are imported now: their loggers exist
             return fs
@@ -200,8 +207,6 @@ class Remote:
         as Python's ``http.server`` and many static servers do), the whole object at 0: the
         caller may keep all of it rather than ask again. Such a server's host is remembered
         (:meth:`ignores_ranges`); a body longer than asked is never retried as if cut short."""
-        expect = end - start if start is not None and end is not None else size
-        host = _host(url)
 
         def once() -> tuple[int, bytes]:
             if start is None:  # s3fs asks for the size first (a HEAD) to read in parallel parts: not here
@@ -209,19 +214,7 @@ class Remote:
                 data = self._request("cat_file", self.path(url), **extra)
             else:
                 data = self._request("cat_file", self.path(url), start=start, end=end)
-            if start is not None and end is not None and len(data) > end - start:
-                if (size is not None and len(data) != size) or len(data) < end:
-                    raise RangeIgnored(
-                        "the server answered a ranged GET with more than was asked, and not the whole object "
-                        "as listed: it changed since it was listed, or the server sends something else"
-                    )
-                _RANGES[host] = False  # a 200: the whole object, more than the range asked for
-                return 0, bytes(data)
-            if expect is not None and len(data) != expect:
-                raise Truncated(f"got {len(data):,} bytes of {expect:,}")
-            if start is not None and end is not None and (start > 0 or (size is not None and end < size)):
-                _RANGES.setdefault(host, True)  # exactly the part asked for, less than the whole
-            return start or 0, bytes(data)
+            return ranges.answered(url, data, start, end, size)
 
         what = _what(start, end)
         at, data = self._call(once, url, what, stats=self.stats, check=check)
@@ -231,11 +224,11 @@ class Remote:
     def ignores_ranges(self, url: str) -> bool:
         """Whether the server of ``url`` answered a ranged GET of this process with the whole object:
         its files are read whole, in one GET each."""
-        return _RANGES.get(_host(url)) is False
+        return ranges.ignored(url)
 
     def honours_ranges(self, url: str) -> bool:
         """Whether the server of ``url`` answered a ranged GET of this process with only the range."""
-        return _RANGES.get(_host(url)) is True
+        return ranges.honoured(url)
 
     @property
     def exclusive_puts(self) -> bool:
@@ -249,7 +242,7 @@ class Remote:
         try:
             self._call(lambda: self._request("pipe_file", self.path(url), data, **extra), url, "PUT")
         except StorageError as exc:
-            if extra and _exists(exc):
+            if extra and already_exists(exc):
                 return False
             raise
         self.stats.add(requests=1)
@@ -260,7 +253,7 @@ class Remote:
         try:
             self._call(lambda: self._request("rm_file", self.path(url)), url, "DELETE")
         except StorageError as exc:
-            if not _not_found(exc):
+            if not not_found(exc):
                 raise
         self.stats.add(requests=1)
 
@@ -276,7 +269,7 @@ class Remote:
         try:
             return self._call(lambda: self._request("info", self.path(url)), url, "HEAD", stats=self.stats)
         except StorageError as exc:
-            if _not_found(exc):
+            if not_found(exc):
                 raise self._missing(url, exc, ask=named) from None
             raise
 
@@ -302,9 +295,9 @@ class Remote:
     def _missing(self, url: str, exc: BaseException, *, ask: bool = False) -> SourceError:
         """The :class:`SourceError` of a ``url`` the store says is not there: that its bucket
         does not exist, where that is what is missing, else that the object does not."""
-        return SourceError(self._no_bucket(url, exc, ask=ask) or f"{redact(url)}: no such file or directory")
+        return SourceError(self.no_bucket(url, exc, ask=ask) or f"{redact(url)}: no such file or directory")
 
-    def _no_bucket(self, url: str, exc: BaseException, *, ask: bool = True) -> str | None:
+    def no_bucket(self, url: str, exc: BaseException, *, ask: bool = True) -> str | None:
         """That the bucket of ``url`` does not exist, if so: as the store said in ``exc``, or
         (``ask``, where its client does not say) asked of it, one request on this path only."""
         bucket = bucket_of(url)
@@ -315,11 +308,13 @@ class Remote:
             try:
                 self._call(lambda: self._request("info", self.path(bucket)), bucket, "HEAD")
             except StorageError as asked:
-                gone = _not_found(asked)
+                gone = not_found(asked)
         if not gone:
             return None
         kind = "container" if self.protocol in ("az", "abfs", "abfss") else "bucket"
         return f"{redact(url)}: the {kind} {bucket.split('://', 1)[1]!r} does not exist"
+
+    _no_bucket = no_bucket  # the name storage/fetch.py calls it by
 
     def expand(self, entry: str, keep: Any = None) -> dict[str, FileStat]:
         """The files ``entry`` names: a file, a directory (searched recursively, names starting
@@ -332,13 +327,13 @@ class Remote:
             try:
                 found = self._call(lambda: self.fs.glob(path, detail=True), entry, "LIST")
             except StorageError as exc:
-                if _not_found(exc):
+                if not_found(exc):
                     raise self._missing(entry, exc, ask=True) from None
                 raise
             files = {k: v for k, v in found.items() if v.get("type", "file") != "directory"}
             files = {k: v for k, v in files.items() if not posixpath.basename(k.rstrip("/")).startswith(".")}
             if not files:
-                why = self._no_bucket(entry, FileNotFoundError(entry))
+                why = self.no_bucket(entry, FileNotFoundError(entry))
                 raise SourceError(why or f"{redact(entry)}: the pattern matches no file")
         else:
             name = where.rstrip("/").rsplit("/", 1)[-1]
@@ -352,12 +347,12 @@ class Remote:
                 except StorageError as exc:
                     if not exc.permanent:
                         raise  # not there as a directory: what it is, the stat below says
-                    denied = None if _not_found(exc) else exc  # may not list it: may still read it
+                    denied = None if not_found(exc) else exc  # may not list it: may still read it
             if not files:
                 try:
                     info = self._info(entry, named=True)
                 except StorageError as exc:
-                    if denied is not None and (entry.endswith("/") or isinstance(exc, SourceError) or _not_found(exc)):
+                    if denied is not None and (entry.endswith("/") or isinstance(exc, SourceError) or not_found(exc)):
                         raise denied from None  # named as a directory: that it may not be listed is the news
                     raise
                 page = web and unread and info.get("mimetype") == "text/html"  # http://host/web: the page of web/
@@ -400,271 +395,4 @@ def _what(start: int | None, end: int | None) -> str:
     return f"GET of {end - start:,} bytes at offset {start:,}"
 
 
-class RangeIgnored(ValueError):
-    """A ranged GET answered with a body that is neither the range nor the whole object."""
-
-
-# per process, by scheme and host: True once a ranged GET was answered with the range alone,
-# False once one was answered with the whole object (the server ignores Range)
-_RANGES: dict[str, bool] = {}
-
-
-def _host(url: str) -> str:
-    """``scheme://host[:port]`` of a URL: what answers its requests."""
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.split('/', 1)[0]}"
-
-
-def _exists(exc: BaseException) -> bool:
-    """Whether a conditional write failed because the object is there already."""
-    e: BaseException | None = exc
-    for _ in range(6):
-        if e is None:
-            return False
-        if isinstance(e, FileExistsError) or "PreconditionFailed" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _not_found(exc: BaseException) -> bool:
-    """Whether the store said there is no such object (not: could not be reached to ask).
-
-    Some clients raise FileNotFoundError for any failure of a stat (fsspec's HTTP filesystem:
-    from a refused connection too); one caused by a transient error is that error."""
-    e: BaseException | None = exc
-    for _ in range(6):
-        if e is None:
-            return False
-        if not isinstance(e, StorageError):  # tidal's own message names the URL, whose port may be 404xx
-            if isinstance(e, FileNotFoundError):
-                cause = e.__cause__
-                if cause is None:
-                    return True
-                status = code_and_status(cause)[1]  # a refusal (401, 403) is not an absence
-                return not transient(cause) and (status is None or status in (404, 410))
-            code, status = code_and_status(e)
-            if status == 404 or code in ("NoSuchKey", "404") or "NotFound" in type(e).__name__:
-                return True
-            if "NoSuchKey" in str(e) or "Not Found" in str(e):
-                return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _s3fs(options: dict, storage: Storage) -> Any:
-    """s3fs with botocore's and s3fs's own retries off and tidal's timeouts."""
-    config = dict(options.pop("config_kwargs", None) or {})
-    config.setdefault("connect_timeout", min(storage.timeout, 10.0))
-    config.setdefault("read_timeout", storage.timeout)
-    config.setdefault("retries", {"total_max_attempts": 1})
-    return _TidalS3(config_kwargs=config, **options)
-
-
-def _s3_class() -> type:
-    from s3fs import S3FileSystem
-
-    class TidalS3FileSystem(S3FileSystem):
-        """s3fs whose own retry loop tries once: tidal retries, and counts."""
-
-        retries = 1
-
-    return TidalS3FileSystem
-
-
-def _aiohttp_timeout(storage: Storage) -> Any:
-    """aiohttp's timeouts of one request: connect within ``min(timeout, 10)`` s, no read pause over ``timeout``."""
-    import aiohttp
-
-    t = storage.timeout
-    return aiohttp.ClientTimeout(sock_connect=min(t, 10.0), sock_read=t)
-
-
-def _gcsfs(options: dict, storage: Storage) -> Any:
-    """gcsfs with its own retry loops off and tidal's timeouts.
-
-    gcsfs retries each HTTP request up to 6 times (waits of 1, 2, 4, ... s) and, in the class
-    it exports by default (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` unset or true), asks a gRPC
-    API for each bucket's layout with 60 s of retries; inside tidal's 8 tries that took a
-    refused connection minutes to report."""
-    options.setdefault("requests_timeout", _aiohttp_timeout(storage))
-    cls = _TidalGCS.cls()
-    if getattr(cls, "layout_lookup", False):
-        options.setdefault("retry_timeout", 0.0)  # its storage-layout RPC: one try, however it fails
-    return _TidalGCS(**options)
-
-
-def _gcs_class() -> type:
-    import gcsfs
-
-    base: Any = gcsfs.GCSFileSystem  # ExtendedGcsFileSystem unless GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
-    once: Any = getattr(base._request, "__wrapped__", None)  # the request without gcsfs's retry_request decorator
-    if once is None:  # pragma: no cover - a gcsfs that no longer decorates it
-        raise StorageError("this version of gcsfs has no undecorated _request: tidal cannot turn its retries off")
-
-    class TidalGCSFileSystem(base):
-        """gcsfs whose requests are tried once: tidal retries, and counts."""
-
-        retries = 1
-        layout_lookup = hasattr(base, "_get_bucket_type")
-
-        async def _request(self, *args: Any, **kwargs: Any) -> Any:
-            return await once(self, *args, **kwargs)
-
-    return TidalGCSFileSystem
-
-
-def _adlfs(options: dict, storage: Storage) -> Any:
-    """adlfs whose Azure SDK client tries each request once (its default: 3 more tries after
-    waits of 15 s and more) with tidal's connect and read timeouts."""
-    t = storage.timeout
-    client = {"retry_total": 0, "connection_timeout": min(t, 10.0), "read_timeout": t}
-    return _TidalAzure(tidal_client_kwargs=client, **options)
-
-
-def _azure_class() -> type:
-    from adlfs import AzureBlobFileSystem
-    from azure.storage.blob.aio import BlobServiceClient
-
-    class TidalAzureBlobFileSystem(AzureBlobFileSystem):
-        """adlfs whose service client is made again, as adlfs made it, with the Azure SDK's
-        retries off and tidal's timeouts (adlfs passes no client options through)."""
-
-        def __init__(self, *args: Any, tidal_client_kwargs: dict[str, Any], **kwargs: Any) -> None:
-            self._tidal_client_kwargs = tidal_client_kwargs
-            super().__init__(*args, **kwargs)
-
-        def do_connect(self) -> None:
-            super().do_connect()
-            made: Any = self.service_client  # type: ignore[has-type]  # adlfs is untyped
-            self.service_client = BlobServiceClient(
-                made.primary_endpoint,  # with a SAS token's query string, where adlfs put one there
-                credential=made.credential,  # the credential policy adlfs's client derived
-                secondary_hostname=made.secondary_hostname,
-                _location_mode=made._location_mode,
-                **self._tidal_client_kwargs,
-            )
-
-    return TidalAzureBlobFileSystem
-
-
-def _hub_class() -> type:
-    from huggingface_hub import HfFileSystem
-    from huggingface_hub.utils import hf_raise_for_status, http_backoff
-
-    class TidalHfFileSystem(HfFileSystem):
-        """HfFileSystem whose reads of file data are one GET each, under tidal's timeout.
-
-        Its own reads retry: a ranged read 5 more times (``http_backoff``: waits of 1 to 8 s), a
-        whole file streamed with retries of its own. Its metadata requests (listing, paths-info)
-        are tried once already."""
-
-        def __init__(self, *args: Any, tidal_timeout: float, **kwargs: Any) -> None:
-            self._tidal_timeout = tidal_timeout
-            super().__init__(*args, **kwargs)
-
-        def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-            if (start is not None and start < 0) or (end is not None and end < 0):  # from the end: its own way
-                return super().cat_file(path, start=start, end=end, **kwargs)
-            headers = self._api._build_hf_headers()  # the token, as HfFileSystemFile sends it
-            if start or end is not None:
-                if end is not None and end <= (start or 0):
-                    return b""
-                headers["range"] = f"bytes={start or 0}-{'' if end is None else end - 1}"
-            response = http_backoff("GET", self.url(path), headers=headers, timeout=self._tidal_timeout, max_retries=0)
-            hf_raise_for_status(response)
-            return bytes(response.content)
-
-    return TidalHfFileSystem
-
-
-class _LazyClass:
-    """Builds a filesystem subclass on first use, so importing this module imports no cloud library."""
-
-    def __init__(self, make: Callable[[], type]) -> None:
-        self._make = make
-        self._cls: type | None = None
-
-    def cls(self) -> type:
-        if self._cls is None:
-            self._cls = self._make()
-        return self._cls
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self.cls()(**kwargs)
-
-
-_TidalS3 = _LazyClass(_s3_class)
-_TidalGCS = _LazyClass(_gcs_class)
-_TidalAzure = _LazyClass(_azure_class)
-_TidalHub = _LazyClass(_hub_class)
-
-# s3fs storage_options that have an exact obstore equivalent
-_OBSTORE_KEYS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
-
-
-_obstore_pid: int | None = None  # the process in which tidal started obstore's runtime
-
-
-def obstore_safe() -> bool:
-    """Whether obstore can run in this process: its runtime was not started in a process we were forked from.
-
-    A runtime started by tidal is known by its pid; one started by other code is not, so
-    obstore imported by anyone else counts as started."""
-    if _obstore_pid is not None:
-        return _obstore_pid == os.getpid()
-    return "obstore" not in sys.modules
-
-
-def obstore_options(options: dict, strict: bool = False) -> dict | None:
-    """obstore's S3 configuration for s3fs-style ``storage_options``; None when one has no equivalent.
-
-    ``strict``: also None unless they name the credentials (or ``anon``) and a region or an
-    endpoint, which s3fs (botocore) would otherwise find in profiles, SSO or redirects."""
-    if strict:
-        creds = options.get("anon") or ("key" in options and "secret" in options)
-        where = "endpoint_url" in options or set(options.get("client_kwargs") or {}) & {"region_name", "endpoint_url"}
-        if not creds or not where:
-            return None
-    out: dict[str, Any] = {}
-    for k, v in options.items():
-        if k in _OBSTORE_KEYS:
-            out[_OBSTORE_KEYS[k]] = v
-        elif k == "endpoint_url":
-            out["endpoint"] = v
-        elif k == "anon":
-            out["skip_signature"] = bool(v)
-        elif k == "client_kwargs" and set(v) <= {"region_name", "endpoint_url"}:
-            if "region_name" in v:
-                out["region"] = v["region_name"]
-            if "endpoint_url" in v:
-                out["endpoint"] = v["endpoint_url"]
-        else:
-            return None
-    return out
-
-
-def _obstore_config(options: dict, storage: Storage) -> tuple[dict, dict]:
-    """obstore's S3 configuration and client options: tidal's timeouts, obstore's own retries off."""
-    global _obstore_pid
-    _obstore_pid = os.getpid()  # its runtime starts here: forks of this process must not use it
-    config = obstore_options(options)
-    if config is None:
-        raise StorageError(
-            f"backend='obstore' cannot take these storage_options: {', '.join(sorted(options))} "
-            "(it knows key, secret, token, endpoint_url, anon, client_kwargs.region_name)"
-        )
-    t = storage.timeout
-    client: dict[str, Any] = {"timeout": timedelta(seconds=t), "connect_timeout": timedelta(seconds=min(t, 10.0))}
-    if str(config.get("endpoint", "")).startswith("http:"):
-        client["allow_http"] = True
-    return config, client
-
-
-def _obstore(options: dict, storage: Storage) -> Any:
-    """obstore's fsspec layer: what tidal lists with when obstore is forced."""
-    from obstore.fsspec import FsspecStore
-
-    config, client = _obstore_config(options, storage)
-    store: Any = FsspecStore
-    return store("s3", client_options=client, retry_config={"max_retries": 0}, **config)
+_not_found = not_found  # the name storage/fetch.py imports it by

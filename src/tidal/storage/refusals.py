@@ -7,8 +7,11 @@ know which of these it is: no credentials were found, the store does not accept 
 they are not allowed this request on this bucket, or the bucket does not exist.
 :func:`refused` says the first three (:func:`explain` puts it in the
 :class:`~tidal.errors.StorageError` of every request :mod:`tidal.storage.fs` and a conversion's
-output make), :func:`bucket_gone` recognises the last where the client says so. Nothing here is imported from a client library: errors are read by type name, status
-and code, as :mod:`tidal.storage.retry` reads them.
+output make), :func:`bucket_gone` recognises the last where the client says so. Nor is every "not found" an
+absence: :func:`not_found` tells the store's "no such object" from a failure to ask it, and
+:func:`already_exists` a conditional write refused because the object is there. Nothing here is
+imported from a client library: errors are read by type name, status and code, as
+:mod:`tidal.storage.retry` reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import re
 
 from tidal.errors import StorageError
-from tidal.storage.retry import code_and_status, redact
+from tidal.storage.retry import code_and_status, redact, transient
 
 _BUCKETED = {"s3": "bucket", "s3a": "bucket", "gs": "bucket", "gcs": "bucket"}
 _BUCKETED.update(az="container", abfs="container", abfss="container")
@@ -155,3 +158,40 @@ def bucket_gone(exc: BaseException) -> bool:
     """Whether the store said, in ``exc``, that the bucket (or Azure container) does not exist."""
     codes, _, text = _codes(exc)
     return bool(codes & _GONE_CODES) or bool(_GONE_TEXT.search(text))
+
+
+def already_exists(exc: BaseException) -> bool:
+    """Whether a conditional write failed because the object is there already."""
+    e: BaseException | None = exc
+    for _ in range(6):
+        if e is None:
+            return False
+        if isinstance(e, FileExistsError) or "PreconditionFailed" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def not_found(exc: BaseException) -> bool:
+    """Whether the store said there is no such object (not: could not be reached to ask).
+
+    Some clients raise FileNotFoundError for any failure of a stat (fsspec's HTTP filesystem:
+    from a refused connection too); one caused by a transient error is that error."""
+    e: BaseException | None = exc
+    for _ in range(6):
+        if e is None:
+            return False
+        if not isinstance(e, StorageError):  # tidal's own message names the URL, whose port may be 404xx
+            if isinstance(e, FileNotFoundError):
+                cause = e.__cause__
+                if cause is None:
+                    return True
+                status = code_and_status(cause)[1]  # a refusal (401, 403) is not an absence
+                return not transient(cause) and (status is None or status in (404, 410))
+            code, status = code_and_status(e)
+            if status == 404 or code in ("NoSuchKey", "404") or "NotFound" in type(e).__name__:
+                return True
+            if "NoSuchKey" in str(e) or "Not Found" in str(e):
+                return True
+        e = e.__cause__ or e.__context__
+    return False

@@ -261,11 +261,15 @@ class BlockReader:
         for piece in pieces or []:
             if length(piece.table):
                 absent = piece.absent if absent is None else {c: w for c, w in absent.items() if c in piece.absent}
-        if pieces is None or probe or absent or any(p.valid is not None and not p.valid.all() for p in pieces):
+        whole = pieces is not None and all(  # every row of every run kept, as many as it holds
+            (p.valid is None or p.valid.all()) and length(p.table) == z - a
+            for p, (_, a, z) in zip(pieces, planned.runs, strict=True)
+        )
+        if pieces is None or not whole or probe or absent:
             for shard in {s for s, _, _ in planned.runs}:
                 self._readers.drop(shard)  # what a reader holds of what it met (a salvaged group) goes too
             return None
-        for (s, a, z), _ in zip(planned.runs, pieces, strict=True):
+        for s, a, z in planned.runs:
             self._count_read(s, a, z)
         files = [redact_urls(shards.paths[s]) for s, _, _ in planned.runs]
         table = points.assemble(planned, [p.table for p in pieces], files, shuffled=perm is not None)

@@ -298,7 +298,7 @@ def test_a_reader_makes_at_most_prefetch_batches_ahead(tmp_path: Path, cluster: 
     assert {f.read_text() for f in made.iterdir()} == {"1"}  # a quarter of a CPU: one thread
     again = iter(loader)  # a new pass takes the readers: the old one cannot read on as if it had them
     assert len(taken) == 4 and next(again) is not None
-    with pytest.raises(tidal.TidalError, match="superseded: a newer iter"):
+    with pytest.raises(tidal.StateError, match="superseded: a newer iter"):
         list(running)
     loader.close()
 

@@ -119,9 +119,9 @@ def fail_at_40(record: dict) -> dict:
 
 
 def test_the_workers_of_a_loader_that_raised_are_stopped_with_the_error(data: Path) -> None:
-    loader = tidal.DataLoader(tidal.Dataset(data).map(fail_at_40).batch(6), num_workers=2)
     before = set(multiprocessing.active_children())
-    it = iter(loader)
+    loader = tidal.DataLoader(tidal.Dataset(data).map(fail_at_40).batch(6), num_workers=2)
+    it = iter(loader)  # its workers were started when it was built (start_early)
     assert set(multiprocessing.active_children()) > before  # its workers run
     with pytest.raises(tidal.RecordError, match="test, row 40: a record the test refuses"):
         list(it)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidal.errors import StorageError, TidalError, needs
+from tidal.errors import StateError, StorageError, needs
 from tidal.metrics import Mark, Streams
 from tidal.stages import add_stats
 from tidal.state import schema
@@ -333,7 +333,7 @@ class Session(Iterator[Bundle]):
 
     def fetch(self, w: int) -> Bundle:
         if not self._current():
-            raise TidalError(
+            raise StateError(
                 "this pass over a tidal.ray.DataLoader was superseded: a newer iter(), set_weights or "
                 "load_state_dict took its readers (or the loader was closed)"
             )

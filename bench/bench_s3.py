@@ -202,7 +202,7 @@ def plain_get_to_files(s3: S3Server, objs: list[tuple[str, int]], parallel: int)
 
 def index_hashes(data: Path, objs: list[tuple[str, int]], algorithm: str) -> dict[str, str]:
     """The hashes an index would carry for these objects: computed from the local copies."""
-    from tidal.storage.cache import file_digest
+    from tidal.storage.digests import file_digest
 
     return {u: file_digest(data.joinpath(*u.split("/")[-2:]), algorithm) for u, _ in objs}
 

@@ -23,7 +23,7 @@ import tidal
 from tidal.cli import main
 from tidal.order import EpochOrder, most_shards_per_block
 from tidal.storage import Retry, Storage
-from tidal.storage.cache import footprint
+from tidal.storage.eviction import footprint
 from tidal.storage.prefetch import Prefetcher
 from tidal.storage.room import room
 from tidal.world import World

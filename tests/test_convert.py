@@ -18,7 +18,7 @@ from conftest import make_shards, read_index, write_jsonl
 import tidal
 from tidal.cli import main
 from tidal.convert import Report, convert, cut
-from tidal.storage.cache import file_digest
+from tidal.storage.digests import file_digest
 
 SIZES = [5, 23, 1, 17, 30, 2, 11, 29, 12]  # 130 records in jsonl, jsonl.zst and parquet files
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tidal.order import EpochOrder, share
 from tidal.simulate import Setup, simulate
-from tidal.storage.cache import footprint
+from tidal.storage.eviction import footprint
 
 
 def brute_force(setup: Setup) -> dict:

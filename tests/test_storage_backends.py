@@ -32,7 +32,8 @@ from hf_hub_fake import FakeHub
 
 import tidal
 from tidal.storage import Retry, Storage
-from tidal.storage.cache import Cache, footprint
+from tidal.storage.cache import Cache
+from tidal.storage.eviction import footprint
 
 pytest_plugins = ["emulator_fixtures"]
 

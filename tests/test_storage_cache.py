@@ -15,7 +15,9 @@ import pytest
 
 from tidal.errors import SourceError, StorageError
 from tidal.storage import cache as cache_module
-from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, footprint, hasher
+from tidal.storage.cache import Cache, Entry
+from tidal.storage.digests import default_algorithm, file_digest, hasher
+from tidal.storage.eviction import footprint
 from tidal.storage.stats import Stats
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -187,7 +189,8 @@ HANG = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {src!r})
-from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, hasher
+from tidal.storage.cache import Cache, Entry
+from tidal.storage.digests import default_algorithm, file_digest, hasher
 
 def fill(path, algorithm):
     with open(path, "r+b") as f:
@@ -233,7 +236,8 @@ ONCE = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {src!r})
-from tidal.storage.cache import Cache, Entry, default_algorithm, file_digest, hasher
+from tidal.storage.cache import Cache, Entry
+from tidal.storage.digests import default_algorithm, file_digest, hasher
 
 def fill(path, algorithm):
     with open({log!r}, "a") as log:
@@ -274,7 +278,7 @@ def test_a_scan_while_an_entry_is_placed_leaves_room_for_its_meta(
     """Another process may scan the cache between an entry's rename into place and its meta
     file: the scan must count the meta to come, or the ledger says less than the disk holds."""
     cache, other = Cache(tmp_path, 10**6), Cache(tmp_path, 10**6)
-    write = cache_module._write_file
+    write = cache_module.write_file
 
     def scanned_first(path: Path, data: bytes) -> None:
         if path.name.endswith(".tmp"):  # the shard is in place, its meta not written yet
@@ -282,7 +286,7 @@ def test_a_scan_while_an_entry_is_placed_leaves_room_for_its_meta(
                 ledger.fits(10**6, force=False)  # more than the ledger has room for: a full scan
         write(path, data)
 
-    monkeypatch.setattr(cache_module, "_write_file", scanned_first)
+    monkeypatch.setattr(cache_module, "write_file", scanned_first)
     with cache.acquire(entry("a", 5000), filler(content("a", 5000))) as h:
         assert h.path.read_bytes() == content("a", 5000)
     assert int((tmp_path / "cache.usage").read_text()) >= disk_usage(tmp_path)

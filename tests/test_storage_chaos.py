@@ -34,7 +34,8 @@ from s3_server import KEY, SECRET, S3Server
 
 import tidal
 from tidal.storage import Retry, Storage
-from tidal.storage.cache import Cache, footprint
+from tidal.storage.cache import Cache
+from tidal.storage.eviction import footprint
 
 pytest_plugins = ["s3_fixtures"]
 

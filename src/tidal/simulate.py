@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from tidal.order import EpochOrder, Intervals, Slices
-from tidal.storage.cache import footprint
+from tidal.storage.eviction import footprint
 from tidal.storage.room import Room, fit, room
 
 
@@ -311,7 +311,7 @@ class _Blocks:
 
 
 def _footprints(sizes: np.ndarray) -> np.ndarray:
-    """:func:`tidal.storage.cache.footprint` of every size."""
+    """:func:`tidal.storage.eviction.footprint` of every size."""
     fixed = footprint(0)
     return -(-sizes // 4096) * 4096 + fixed
 

@@ -28,7 +28,7 @@ from orjson import loads  # an index of a million shards is 150 MB of JSON: seve
 from tidal import env
 from tidal.errors import StorageError
 from tidal.formats import counts_hold_from, formats, scan_version
-from tidal.storage.cache import mkdirs
+from tidal.storage.disk import mkdirs
 
 INDEX_NAME = ".tidal-index.json"
 VERSION = 2

@@ -11,8 +11,11 @@ fsspec protocol) reads them through this package; local paths never touch it.
   answer says (a server that ignores ``Range``); :mod:`~tidal.storage.refusals`: what a
   store's refusal, or "not found", means.
 - :mod:`~tidal.storage.retry`: which errors are transient; backoff with jitter.
-- :mod:`~tidal.storage.cache`: the on-disk cache: LRU eviction under a limit, ``flock``
-  locks that die with their process, atomic placement, hash and size checks.
+- :mod:`~tidal.storage.cache`: the on-disk cache: atomic placement, hash and size checks;
+  :mod:`~tidal.storage.eviction`: its space, a ledger under a limit and LRU eviction;
+  :mod:`~tidal.storage.locks`: its ``flock`` locks that die with their process;
+  :mod:`~tidal.storage.disk`: its modes and writes; :mod:`~tidal.storage.digests`: the
+  hashes downloads are checked against.
 - :mod:`~tidal.storage.fetch`: downloads into the cache in parallel parts; ranged reads.
 - :mod:`~tidal.storage.prefetch`: one reader's shards, fetched ahead and held while used.
 

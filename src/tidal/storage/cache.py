@@ -21,20 +21,12 @@ All locks are ``flock`` locks: the kernel drops them when their process dies, so
 ``kill -9`` leaves nothing that blocks anyone. A killed download leaves a ``.part`` that no
 one holds; the next sweep removes it. Nothing is ever read from a ``.part``.
 
-Space is what ``du`` counts: every file and directory under the root, a download in
-progress at its full size (preallocated before its first byte arrives). Reservations are
-made under ``<root>/cache.lock`` against a ledger, ``<root>/cache.usage``, which never says
-less than what is on disk: a reservation adds to it before the space is used, and nothing
-but a full scan lowers it. When a reservation does not fit the ledger, the directory is
-scanned, stale ``.part`` files are swept, and the least recently used entries no one holds
-are evicted down to a low-water mark (90% of the limit), so that scans are rare even when
-the cache is full; the scan's total, plus two blocks in which the directories may grow,
-becomes the ledger. A crash can only leave the ledger too high, which the next scan
-corrects. Recency is the mtime of ``k.meta``, touched on every use. The indexes of remote
-datasets (``<root>/index/``) count too.
+Space is what ``du`` counts, bounded by a ledger under ``<root>/cache.lock`` and freed by
+evicting the least recently used entries no one holds: :mod:`tidal.storage.eviction`. The
+locks are :mod:`tidal.storage.locks`; the digests downloads are checked against,
+:mod:`tidal.storage.digests`. The indexes of remote datasets (``<root>/index/``) count too.
 
-Nothing here is ever world-writable, whatever the umask: directories are made ``0o755``
-and files ``0o644`` (less where the umask says so). A directory that cannot be written, or
+Nothing here is ever world-writable, whatever the umask (:mod:`tidal.storage.disk`). A directory that cannot be written, or
 a disk that fills up, is a :class:`~tidal.errors.StorageError` naming the directory; a
 download that fails half-way leaves only a ``.part``, which is never read.
 """
@@ -45,32 +37,26 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from tidal.errors import StorageError, TidalError, needs
+from tidal.errors import StorageError, TidalError
+from tidal.storage.digests import default_algorithm, file_digest
+from tidal.storage.disk import DIR_MODE, FILE_MODE, mkdirs, write_error, write_file
+from tidal.storage.eviction import GLOBAL_LOCK, Ledger, fixed, fixed_on_disk, footprint, scan
+from tidal.storage.locks import EntryFiles, hold, lock
 from tidal.storage.retry import redact
 from tidal.storage.stats import Stats
 
 T = TypeVar("T")
 
-GLOBAL_LOCK = "cache.lock"
-LEDGER = "cache.usage"
-LOW_WATER = 0.9  # a scan that must evict evicts down to this share of the limit
-_META_SLACK = 4096  # a .meta file on disk
-_DIR_SHARE = 4096  # what an entry's six names may add to its directory: at most a block
-_DIR_GROWTH = 2 * 4096  # kept free by every scan: lock files are made before their entry reserves room,
-# and ext4 turns a full one-block directory into an indexed one of three blocks at once
 _HASH_TRIES = 3  # downloads of one entry that may fail their size or hash check
 DISK_FULL_WAIT = 5.0  # seconds a reader waits for held entries to go before a full disk is an error
-DIR_MODE = 0o755  # never group- or world-writable, whatever the umask
-FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -122,51 +108,6 @@ class Handle:
         self.release()
 
 
-class _Files:
-    def __init__(self, root: Path, key: str):
-        d = root / "shards"
-        self.dir = d
-        self.shard, self.meta, self.part = d / f"{key}.shard", d / f"{key}.meta", d / f"{key}.part"
-        self.use, self.fetch, self.pin = d / f"{key}.use", d / f"{key}.fetch", d / f"{key}.pin"
-
-
-def _lock(path: Path, how: int) -> int | None:
-    """An fd of ``path`` locked with ``how``; None if ``LOCK_NB`` and it is busy.
-
-    The lock is taken on the file the path names *after* locking: an evictor may have
-    unlinked the path while we waited, and a lock on an unlinked file protects nothing.
-    """
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
-        try:
-            fcntl.flock(fd, how)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)
-
-
-def _hold(f: _Files) -> int:
-    """An fd holding ``f``'s ``use`` lock shared (its directory made first, if it went)."""
-    f.dir.mkdir(mode=DIR_MODE, exist_ok=True)
-    fd = _lock(f.use, fcntl.LOCK_SH)
-    assert fd is not None
-    return fd
-
-
-def _usage(st: os.stat_result) -> int:
-    return max(st.st_size, st.st_blocks * 512)
-
-
 class Cache:
     """The cache directory ``root``, holding at most ``limit`` bytes on disk.
 
@@ -192,16 +133,16 @@ class Cache:
                     d.mkdir(mode=DIR_MODE)
             os.close(os.open(self.root / GLOBAL_LOCK, os.O_RDWR | os.O_CREAT, FILE_MODE))
         except OSError as exc:
-            raise StorageError(_write_error(self.root, exc)) from None
+            raise StorageError(write_error(self.root, exc)) from None
 
     # -- use -------------------------------------------------------------------------
 
     def lookup(self, entry: Entry) -> Handle | None:
         """The entry, held, if it is complete in the cache; never downloads."""
-        f = _Files(self.root, entry.key)
+        f = EntryFiles(self.root, entry.key)
         if not f.meta.exists():
             return None
-        fd = _lock(f.use, fcntl.LOCK_SH)
+        fd = lock(f.use, fcntl.LOCK_SH)
         assert fd is not None
         meta = self._valid(f, entry)
         if meta is None:
@@ -229,14 +170,14 @@ class Cache:
                 f"in the cache_limit of {self.limit:,} bytes{held}: raise cache_limit",
                 url=redact(entry.url),
             )
-        f = _Files(self.root, entry.key)
-        use = self._writable(lambda: _hold(f))
+        f = EntryFiles(self.root, entry.key)
+        use = self._writable(lambda: hold(f))
         try:
             meta = self._valid(f, entry)
             if meta is not None:
                 handle = Handle(f.shard, use, meta.get("hash"))
             else:
-                fetch = _lock(f.fetch, fcntl.LOCK_EX)  # another process may be filling it: wait
+                fetch = lock(f.fetch, fcntl.LOCK_EX)  # another process may be filling it: wait
                 assert fetch is not None
                 try:
                     meta = self._valid(f, entry)
@@ -255,7 +196,7 @@ class Cache:
             os.close(use)
             raise
         if pin:  # pinned before the hold goes: never a moment in which a prefetch could evict it
-            pinned = _lock(f.pin, fcntl.LOCK_SH)
+            pinned = lock(f.pin, fcntl.LOCK_SH)
             assert pinned is not None
             os.close(use)
             handle._fd = pinned
@@ -268,9 +209,9 @@ class Cache:
         except StorageError:
             raise
         except OSError as exc:
-            raise StorageError(_write_error(self.root, exc)) from None
+            raise StorageError(write_error(self.root, exc)) from None
 
-    def _fill(self, f: _Files, entry: Entry, fill: Fill, wait: float, reserved: int) -> str | None:
+    def _fill(self, f: EntryFiles, entry: Entry, fill: Fill, wait: float, reserved: int) -> str | None:
         """Download into ``k.part``, check it, rename it into place. Holds ``k.fetch``.
 
         Whatever fails on the way (the network, the disk, a check) removes what was
@@ -298,7 +239,7 @@ class Cache:
                 meta.update(placed_size=st.st_size, placed_mtime_ns=st.st_mtime_ns)
                 tmp = f.meta.with_name(f.meta.name + f".{os.getpid()}.tmp")
                 try:
-                    _write_file(tmp, json.dumps(meta).encode())
+                    write_file(tmp, json.dumps(meta).encode())
                     os.replace(tmp, f.meta)
                 finally:
                     tmp.unlink(missing_ok=True)
@@ -306,14 +247,14 @@ class Cache:
                 for p in (f.meta, f.shard, f.part):
                     p.unlink(missing_ok=True)
                 if isinstance(exc, OSError) and not isinstance(exc, TidalError):  # the disk, not the store
-                    raise StorageError(f"{url}: {_write_error(self.root, exc)}", url=url) from None
+                    raise StorageError(f"{url}: {write_error(self.root, exc)}", url=url) from None
                 raise
             self._verified.add(f.shard.name)
             return digest
         f.part.unlink(missing_ok=True)
         raise StorageError(f"{last}; tried {_HASH_TRIES} times", url=url, attempts=_HASH_TRIES)
 
-    def _valid(self, f: _Files, entry: Entry) -> dict | None:
+    def _valid(self, f: EntryFiles, entry: Entry) -> dict | None:
         """The meta of a complete, unaltered copy of ``entry``; None (and the copy removed) otherwise.
 
         The caller holds ``k.use``. Checked: the meta says this URL, version and size (and
@@ -350,7 +291,7 @@ class Cache:
 
     # -- space -----------------------------------------------------------------------
 
-    def _reserve(self, f: _Files, entry: Entry, wait: float, reserved: int) -> bool:
+    def _reserve(self, f: EntryFiles, entry: Entry, wait: float, reserved: int) -> bool:
         """Make room for ``entry`` and preallocate its ``.part``; False if there is none and ``wait`` is 0.
 
         A reader that needs the entry now (``wait > 0``) may evict pinned entries: what
@@ -369,14 +310,14 @@ class Cache:
                     except OSError as exc:
                         f.part.unlink(missing_ok=True)  # a failed fallocate may leave blocks behind
                         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                            raise StorageError(f"{url}: {_write_error(self.root, exc)}", url=url) from None
+                            raise StorageError(f"{url}: {write_error(self.root, exc)}", url=url) from None
                         if ledger.evict_one(force):  # the disk is fuller than the limit: make room on it
                             continue
                         if not force:
                             return False
                         if time.monotonic() >= full_until:
                             raise StorageError(
-                                f"{url}: {_write_error(self.root, exc)}; nothing in the cache can be evicted",
+                                f"{url}: {write_error(self.root, exc)}; nothing in the cache can be evicted",
                                 url=url,
                             ) from None
                         break  # held entries may be let go in a moment (a reader closing): try again
@@ -409,12 +350,14 @@ class Cache:
             ledger.add(nbytes)
 
     @contextlib.contextmanager
-    def _space(self) -> Iterator[_Ledger]:
-        held = self._writable(lambda: _lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX))
+    def _space(self) -> Iterator[Ledger]:
+        held = self._writable(lambda: lock(self.root / GLOBAL_LOCK, fcntl.LOCK_EX))
         assert held is not None
+        ledger = Ledger(self.root, self.limit, self.stats, scanned=self._scanned)
         try:
-            yield _Ledger(self)
+            yield ledger
         finally:
+            self._scanned = self._scanned or ledger.scanned
             os.close(held)
 
     @staticmethod
@@ -433,207 +376,9 @@ class Cache:
 
     def usage(self) -> int:
         """Bytes the cache takes on disk now, by a full scan (what ``du`` counts)."""
-        return sum(e[1] for e in self._scan().values()) + self._fixed_on_disk()
+        return sum(e[1] for e in scan(self.root).values()) + fixed_on_disk(self.root)
 
     def fixed(self) -> int:
         """Bytes kept for what is not an entry, which no eviction frees: the directories, the
         ledger, the remote indexes, and two blocks in which the directories may grow."""
-        return self._fixed_on_disk() + _DIR_GROWTH
-
-    def _fixed_on_disk(self) -> int:
-        total = 0
-        for d in (self.root, self.root / "shards", self.root / "index"):
-            with contextlib.suppress(FileNotFoundError):
-                total += _usage(os.stat(d))
-                if d.name != "shards":
-                    total += sum(_usage(e.stat()) for e in os.scandir(d) if e.is_file())
-        return total
-
-    def _scan(self) -> dict[str, tuple[float, int, bool]]:
-        """``{key: (last use, bytes on disk, complete)}`` of every entry."""
-        out: dict[str, tuple[float, int, bool]] = {}
-        try:
-            files = list(os.scandir(self.root / "shards"))
-        except FileNotFoundError:
-            return out
-        coming: set[str] = set()  # entries whose meta file is still to come
-        for e in files:
-            key, _, kind = e.name.partition(".")
-            try:
-                st = e.stat()
-            except FileNotFoundError:
-                if kind != "part":
-                    continue
-                try:  # renamed into place since the listing, which has not got the new name: count it
-                    st, kind = os.stat(_Files(self.root, key).shard), "shard"
-                except FileNotFoundError:
-                    continue
-            used, size, complete = out.get(key, (0.0, 0, False))
-            if kind == "meta":
-                used, complete = st.st_mtime, True
-            elif kind in ("part", "shard"):  # downloading, or renamed into place: the meta is written next
-                used = max(used, st.st_mtime)
-                coming.add(key)
-            out[key] = (used, size + _usage(st), complete)
-        for key in coming:
-            used, size, complete = out[key]
-            if not complete:  # counted now, or a scan between the rename and the meta undercounts a block
-                out[key] = (used, size + _META_SLACK, complete)
-        return out
-
-    def _evict(self, key: str, *, count: bool, pinned: bool = False) -> bool:
-        """Remove entry ``key`` if no one holds it (nor pins it, unless ``pinned``); whether it was removed."""
-        f = _Files(self.root, key)
-        fd = _lock(f.use, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if fd is None:
-            return False
-        pin = None
-        try:
-            if not pinned:
-                pin = _lock(f.pin, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if pin is None:
-                    return False
-            for p in (f.meta, f.shard, f.part, f.fetch, f.pin, f.use):  # the lock files last, still locked
-                p.unlink(missing_ok=True)
-        finally:
-            if pin is not None:
-                os.close(pin)
-            os.close(fd)
-        if count:
-            self.stats.add(evictions=1)
-        return True
-
-
-class _Ledger:
-    """The cache's space, as seen under ``cache.lock``: an upper bound of what is on disk."""
-
-    def __init__(self, cache: Cache):
-        self.cache = cache
-        self.path = cache.root / LEDGER
-        try:
-            self.used: int | None = int(self.path.read_text())
-        except (OSError, ValueError):
-            self.used = None  # first use, or damaged: scan
-        if not cache._scanned:
-            self.used = None  # each process scans once, first: it sweeps what dead ones left
-
-    def fits(self, need: int, force: bool) -> bool:
-        """Whether ``need`` more bytes fit, scanning and evicting when the ledger says they do not
-        (pinned entries too, with ``force``, as far as ``need`` requires)."""
-        if self.used is not None and self.used + need <= self.cache.limit:
-            return True
-        self._scan(need, force)
-        assert self.used is not None
-        return self.used + need <= self.cache.limit
-
-    def _scan(self, need: int, force: bool) -> None:
-        """Recount the disk; sweep stale downloads; evict LRU entries no one holds or pins down to
-        the low-water mark; with ``force``, then pinned ones until ``need`` fits."""
-        cache = self.cache
-        if not self.path.exists():
-            self._write(0)  # the ledger file takes space too: let the scan see it
-        entries = sorted(cache._scan().items(), key=lambda kv: kv[1][0])
-        total = sum(e[1] for _, e in entries) + cache.fixed()
-        target = min(cache.limit, int(cache.limit * LOW_WATER)) - need
-        gone: set[str] = set()
-        for key, (_, size, complete) in entries:
-            if complete and total <= target:
-                continue  # stale .part files and lock files of dead processes go whatever the room
-            if cache._evict(key, count=complete):
-                total -= size
-                gone.add(key)
-        for key, (_, size, complete) in entries:
-            if not force or total + need <= cache.limit:
-                break
-            if complete and key not in gone and cache._evict(key, count=True, pinned=True):
-                total -= size
-        self.used = total
-        self._write(total)
-        cache._scanned = True
-
-    def evict_one(self, force: bool) -> bool:
-        """Evict the least recently used complete entry that no one holds (nor pins, unless ``force``)."""
-        for pinned in (False, True) if force else (False,):
-            for key, (_, _, complete) in sorted(self.cache._scan().items(), key=lambda kv: kv[1][0]):
-                if complete and self.cache._evict(key, count=True, pinned=pinned):
-                    self.used = None
-                    self._scan(0, force=False)
-                    return True
-        return False
-
-    def add(self, nbytes: int) -> None:
-        assert self.used is not None
-        self.used += nbytes
-        self._write(self.used)
-
-    def _write(self, value: int) -> None:
-        # in place, not by rename: a second file would take a block the ledger does not count;
-        # a torn write reads as damaged, which only costs a scan
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
-            try:
-                data = str(value).encode()
-                os.pwrite(fd, data, 0)
-                os.ftruncate(fd, len(data))
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise StorageError(_write_error(self.cache.root, exc)) from None
-
-
-def footprint(size: int) -> int:
-    """What an entry of ``size`` bytes takes on disk: its blocks, its meta file, its names."""
-    return -(-size // 4096) * 4096 + _META_SLACK + _DIR_SHARE
-
-
-def mkdirs(path: Path) -> None:
-    """``mkdir -p`` that makes every level it creates ``DIR_MODE``, whatever the umask allows beyond it."""
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        if path.parent == path:
-            break
-        path = path.parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            d.mkdir(mode=DIR_MODE)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-
-
-def _write_error(root: Path, exc: OSError) -> str:
-    """What a failed write into the cache directory means, naming it."""
-    why = exc.strerror or str(exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"the disk of the shard cache {root} is full ({why}): free space there, or set a cache_limit it can hold"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"the shard cache {root} is not writable ({why}): give Storage(cache_dir=...) a directory this process can write"
-    return f"cannot write to the shard cache {root}: {why}"
-
-
-def file_digest(path: Path, algorithm: str) -> str:
-    """``"algo:hex"`` of a file's bytes."""
-    with open(path, "rb") as fh:
-        return f"{algorithm}:{hashlib.file_digest(fh, lambda: hasher(algorithm)).hexdigest()}"
-
-
-def hasher(algorithm: str) -> Any:
-    """A hash object: ``xxh3_128``, ``xxh64`` (xxhash, which the remote extras install) or any of hashlib's."""
-    if algorithm.startswith("xxh"):
-        xxhash = needs("xxhash", f"checking shards hashed with {algorithm}", package="xxhash")
-        return getattr(xxhash, algorithm)()
-    return hashlib.new(algorithm)
-
-
-def default_algorithm() -> str:
-    """What tidal hashes downloads with when the index names no algorithm: xxh3-128 (16 GB/s)
-    where xxhash is installed, else SHA-256 (1.5 GB/s): on a fast link, hashing is a real cost."""
-    return "xxh3_128" if importlib.util.find_spec("xxhash") is not None else "sha256"
+        return fixed(self.root)

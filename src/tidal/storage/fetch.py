@@ -33,8 +33,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tidal.errors import ArgumentError, SourceError, StorageError
-from tidal.storage.cache import Cache, Entry, Handle, hasher
+from tidal.storage.cache import Cache, Entry, Handle
 from tidal.storage.config import Storage
+from tidal.storage.digests import hasher
 from tidal.storage.fs import FileStat, Remote
 from tidal.storage.refusals import not_found
 from tidal.storage.retry import Truncated, code_and_status, redact

@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import StorageError
-from tidal.storage.cache import Entry, Handle, footprint
+from tidal.storage.cache import Entry, Handle
 from tidal.storage.config import Storage
+from tidal.storage.eviction import footprint
 from tidal.storage.fetch import Fetcher, RangeFile
 from tidal.storage.room import Room, cached_sizes, fit, streamable
 from tidal.storage.stats import Stats

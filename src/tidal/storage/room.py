@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tidal.order import most_shards_per_block
-from tidal.storage.cache import footprint
+from tidal.storage.eviction import footprint
 from tidal.storage.urls import is_remote
 
 

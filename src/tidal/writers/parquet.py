@@ -138,7 +138,7 @@ class ParquetShardWriter:
         self._writer = None
         from tidal.formats import scan_version
         from tidal.formats.parquet import scan
-        from tidal.storage.cache import default_algorithm, file_digest
+        from tidal.storage.digests import default_algorithm, file_digest
 
         info = scan(str(self.file), None)  # what tidal's index keeps: row groups, column sizes and types
         rows = info.pop("rows")

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tidal.formats import Piece, exhausted
+from tidal.formats import Piece
+from tidal.formats.bad_data import exhausted
 from tidal.stages.readers import NotOpened, OpenReaders
 
 

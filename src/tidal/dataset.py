@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tidal.errors import ArgumentError, needs
-from tidal.formats import Errors, check_errors, check_options
+from tidal.formats import Errors, check_options
+from tidal.formats.bad_data import check_errors
 from tidal.iterator import DatasetIterator
 from tidal.sources import resolve_source, storage_settings
 from tidal.sources.shards import Shards

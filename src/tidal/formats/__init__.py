@@ -27,7 +27,7 @@ cannot tell:
   it scans a shard), and naming it alone is an error that says to pass its directory (or
   ``format="jsonl"``).
 
-**Directories that list their files** (:func:`in_order`, :func:`listed_in_order`): a LitData
+**Directories that list their files** (:mod:`tidal.formats.ordered`): a LitData
 directory (``index.json``'s ``chunks``) and a ``datasets`` ``save_to_disk`` directory
 (``state.json``, :mod:`tidal.formats.hf_saved`) name their files in the order their writer
 wrote them, which sorting names does not give (``chunk-0-10.bin`` sorts before
@@ -39,22 +39,23 @@ same for a local file and a remote one; only ``exists`` differs (a listing can a
 
 **Schemas**: the records of a column have one type over a dataset, or it is a SchemaError
 naming the column and files. A scan of a format whose files carry an Arrow schema
-(``ARROW_SCHEMA``: Parquet, Arrow) records it (``info["types"]``), and :func:`agree` decides the
+(``ARROW_SCHEMA``: Parquet, Arrow) records it (``info["types"]``), and
+:func:`~tidal.formats.agreement.agree` decides the
 dataset's types when it is opened (:mod:`tidal.formats.schemas`: promotion, the readers cast the
 files that differ); token files (``TOKEN_DTYPE``) agree on one dtype; CSV agrees its own
 (``agree`` of its module). A scan that records ``columns`` (name to encoding: MDS, LitData,
-CSV) is checked by :func:`check_schemas`: one encoding per column (``COLUMNS_OPTIONAL``: a
+CSV) is checked by :func:`~tidal.formats.agreement.check_schemas`: one encoding per column (``COLUMNS_OPTIONAL``: a
 column some files lack is None in theirs), else the same columns in every file. A module that
 knows its records' columns from the scan has ``columns(info) -> list[str] | None``;
-:func:`check_columns` refuses a ``columns=`` name no file has (or, where every file must have
+:func:`~tidal.formats.agreement.check_columns` refuses a ``columns=`` name no file has (or, where every file must have
 every column, a file does not have) before anything is read.
 
 **Bad data** is handled in one way by every module: a reader builds the
 :class:`~tidal.errors.RecordError` (or :class:`~tidal.errors.FormatError` for a part of a
 file: a row group, a segment) that names the file and the row, line or byte, and hands it
-to :func:`bad` with its ``errors`` policy, which raises it or returns, and then the reader
+to :func:`~tidal.formats.bad_data.bad` with its ``errors`` policy, which raises it or returns, and then the reader
 marks the rows skipped in ``Piece.valid``. No exception of a dependency leaves a module
-raw; :data:`data_errors` lists those that mean "these bytes are not what they should be",
+raw; :func:`~tidal.formats.bad_data.data_errors` lists those that mean "these bytes are not what they should be",
 which the index scan and the source stage turn into a FormatError naming the file if a
 module let one through.
 
@@ -66,11 +67,8 @@ Adding a format is one module and one line in ``_MODULES`` and ``_ENDINGS``.
 
 from __future__ import annotations
 
-import errno
-import functools
 import importlib
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -78,8 +76,8 @@ from typing import IO, Any, Literal, Protocol
 
 import numpy as np
 
-from tidal.errors import ArgumentError, FormatError, SchemaError, TidalError
-from tidal.tables import Table, clash
+from tidal.errors import FormatError, TidalError
+from tidal.tables import Table
 
 Errors = Literal["raise", "skip"] | Callable[[TidalError], object]
 """The bad-data policy: raise, skip (and count), or a function that is given each error and
@@ -165,84 +163,6 @@ class Reader(Protocol):
     def read(self, start: int, stop: int) -> Piece: ...
 
     def close(self) -> None: ...
-
-
-# Directories whose own manifest names their files in order: a module's ``files(dir)`` gives
-# ``(paths in order, default columns or None)``, or None for a directory that is not one of them.
-_ORDERED_DIRECTORIES = ("tidal.formats.hf_saved", "tidal.formats.litdata")
-
-
-def in_order(src: Any, columns: Sequence[str] | None) -> tuple[Any, Sequence[str] | None]:
-    """``(src, columns)`` with each local directory whose manifest names its files in order (a
-    ``datasets`` ``save_to_disk`` directory, a LitData directory) replaced by those files, in
-    that order; anything else as it is. ``columns`` is the directory's default where it has one
-    and the caller named none (``src`` is that one directory)."""
-    if isinstance(src, (str, os.PathLike)):
-        found = _ordered(src)
-        if found is None:
-            return src, columns
-        return found[0], columns if columns is not None else found[1]
-    if isinstance(src, (list, tuple)):
-        out: list[Any] = []
-        for entry in src:
-            found = _ordered(entry) if isinstance(entry, (str, os.PathLike)) else None
-            out.extend(found[0] if found is not None else [entry])
-        return out, columns
-    return src, columns
-
-
-def _ordered(path: str | os.PathLike) -> tuple[list[str], list[str] | None] | None:
-    name = os.fspath(path)
-    if "://" in name or known_ending(os.path.basename(name.rstrip("/")), exists=_nothing) or not os.path.isdir(name):
-        return None  # a file's name: no stat (a list of a million files is given at times)
-    for where in _ORDERED_DIRECTORIES:
-        found = importlib.import_module(where).files(name)
-        if found is not None:
-            return found
-    return None
-
-
-_MAY_LIST = ("/chunk-", "/state.json\0", "/dataset_dict.json\0")  # LitData's, save_to_disk's files
-
-
-def listed_in_order(found: Mapping[str, Any], read: Callable[[str], bytes | None]) -> dict[str, Any]:
-    """A directory's listing (``found``: sorted paths or URLs, each with what the listing said of
-    it), searched whole, as :func:`in_order` makes a directory that lists its files: every
-    directory in it, at any depth, that lists its files in order in a manifest
-    (``save_to_disk``'s ``state.json``, LitData's ``index.json``: ``read(path)``, None where
-    there is none) gives those files in that order, where its first file sorts, and not the
-    manifest's other files (``state.json``, ``dataset_info.json``); the rest is as it is. So a
-    directory holding several saved datasets or LitData directories reads each as it reads on
-    its own, here or in a store. A ``DatasetDict`` in it is a SourceError naming its splits."""
-    joined = "\0".join(found) + "\0"
-    if not any(mark in joined for mark in _MAY_LIST) and not ("/data-" in joined and ".arrow\0" in joined):
-        return dict(found)  # the common case at once: a listing may hold a million files
-    dirs: dict[str, set[str]] = {}
-    for path in found:
-        d, _, name = path.rpartition("/")
-        dirs.setdefault(d, set()).add(name)
-    ordered: dict[str, list[str]] = {}
-    for d, names in dirs.items():
-        for where in _ORDERED_DIRECTORIES:
-            got = importlib.import_module(where).listed(d, names, read)
-            if got is not None:
-                ordered[d] = got[0]
-                break
-    if not ordered:
-        return dict(found)
-    out: dict[str, Any] = {}
-    for path in found:
-        d = path.rpartition("/")[0]
-        files = ordered.get(d)
-        if files is None:
-            out[path] = found[path]
-        elif files[0] not in out:  # the directory's first file: all of them, in their order
-            out.update((f, found[f]) for f in files)
-    return out
-
-
-def _nothing(path: str) -> bool:
-    return False
 
 
 def scan_version(name: str) -> int:
@@ -345,233 +265,6 @@ def source(path: str, info: Mapping[str, Any]) -> str | IO[bytes] | Callable[[],
     """Where a reader takes a file's bytes from: the one place that decides it, for every format."""
     where = info.get("file")
     return where.file if isinstance(where, Located) else path
-
-
-def check_schemas(shards: Any) -> None:
-    """Shards of one format must agree on their columns, where their scans recorded them
-    (``info["columns"]``: name to encoding, or to "" where a format decides its types over the
-    dataset: CSV): a clash named here, by column and file, beats a record that decodes
-    differently, or a batch that cannot be stacked, an hour later. Where a format's records may
-    lack a column some files have (``COLUMNS_OPTIONAL``: MDS, LitData; None there, see
-    :func:`agree`), only its type must agree. Formats whose files carry Arrow schemas are agreed
-    instead (:func:`agree`). ``shards``: a :class:`tidal.Shards`, read by its columns."""
-    first: dict[str, tuple[str, Any]] = {}
-    each: dict[tuple[str, str], tuple[str, str]] = {}  # (format, column): the first (encoding, file)
-    agreed = {f for f in set(shards.formats) if getattr(module(f), "ARROW_SCHEMA", False)}
-    optional = {f for f in set(shards.formats) if getattr(module(f), "COLUMNS_OPTIONAL", False)}
-    for path, fmt, info in zip(shards.paths, shards.formats, shards.infos, strict=True):
-        columns = info.get("columns")
-        if columns is None or fmt in agreed:
-            continue
-        if fmt in optional:
-            for name, kind in columns.items():
-                seen, where = each.setdefault((fmt, name), (kind, path))
-                if kind != seen and kind and seen:  # "": a type not recorded (an older scan)
-                    raise SchemaError(clash(name, (seen, where), (kind, path), declarable=False))
-            continue
-        where, seen = first.setdefault(fmt, (path, columns))
-        why = _differ(path, columns, where, seen) if seen != columns else ""
-        if why:
-            raise SchemaError(why)
-
-
-def _differ(path: str, columns: dict, where: str, seen: dict) -> str:
-    """What a file whose columns differ from another file's says: the first column that differs."""
-    for name in [*seen, *columns]:
-        if name not in columns:
-            return f"{path}: no column {name!r}, which {where} has; read them as separate datasets (and tidal.mix them)"
-        if name not in seen:
-            return (
-                f"{path}: a column {name!r}, which {where} has not; read them as separate datasets (and tidal.mix them)"
-            )
-        if columns[name] != seen[name] and columns[name] and seen[name]:  # "": a type not recorded (an older scan)
-            return clash(name, (seen[name], where), (columns[name], path), declarable=False)
-    if list(columns) != list(seen):
-        return f"{path}: columns {list(columns)} are in another order than {list(seen)} of {where}"
-    return ""
-
-
-def agree(shards: Any, options: Options | None = None, columns: Sequence[str] | None = None) -> Any:
-    """``shards`` with the scans made to say the dataset's one type of each column, so that a
-    column is of one type whichever file a record comes from: the formats whose files carry an
-    Arrow schema (``ARROW_SCHEMA``: Parquet, Arrow) together, token files (``TOKEN_DTYPE``) their
-    ``input_ids`` dtype (:mod:`tidal.formats.schemas`), and each format that decides its types
-    itself (a module's ``agree(infos, options) -> infos``: CSV). Types that do not join are a
-    SchemaError naming the column and files (of ``columns``, those read, where they are named).
-    ``shards``: a :class:`tidal.Shards`, returned as it is where nothing changes."""
-    infos = list(shards.infos)
-    changed = False
-    names = sorted(set(shards.formats))
-    usable = [e is None for e in shards.errors]
-
-    def put(at: list[int], decided: list[dict]) -> None:
-        nonlocal changed
-        for i, info in zip(at, decided, strict=True):
-            changed = changed or info is not infos[i]
-            infos[i] = info
-
-    from tidal.formats import schemas
-
-    typed = {n for n in names if getattr(module(n), "ARROW_SCHEMA", False)}
-    if typed:
-        at = [i for i, f in enumerate(shards.formats) if f in typed and usable[i]]
-        put(at, schemas.agree([infos[i] for i in at], [shards.paths[i] for i in at], options, columns))
-    tokens = {n for n in names if getattr(module(n), "TOKEN_DTYPE", False)}
-    if tokens:
-        at = [i for i, f in enumerate(shards.formats) if f in tokens and usable[i]]
-        dtypes = [module(shards.formats[i]).token_dtype(infos[i], options) for i in at]
-        one = schemas.agree_tokens(dtypes, [shards.paths[i] for i in at])
-        if one is not None:
-            mine = [infos[i] for i in at]
-            put(at, [info if d in (one, None) else {**info, "cast": one} for info, d in zip(mine, dtypes, strict=True)])
-    for name in names:  # the columns some files of a format lack: None in their records
-        if getattr(module(name), "COLUMNS_OPTIONAL", False):
-            at = [i for i, f in enumerate(shards.formats) if f == name and usable[i] and "columns" in infos[i]]
-            every = list(dict.fromkeys(c for i in at for c in infos[i]["columns"]))
-            put(
-                at,
-                [
-                    infos[i] if list(infos[i]["columns"]) == every else {**infos[i], "dataset_columns": every}
-                    for i in at
-                ],
-            )
-    for name in names:
-        decide = getattr(module(name), "agree", None)
-        if decide is None:
-            continue
-        at = [i for i, f in enumerate(shards.formats) if f == name and usable[i]]
-        if at:
-            put(at, decide([infos[i] for i in at], options))
-    if not changed:
-        return shards
-    return type(shards)(
-        shards.paths,
-        shards.rows,
-        shards.bytes,
-        shards.formats,
-        shards.compressions,
-        infos,
-        shards.versions,
-        shards.hashes,
-        shards.errors,
-    )
-
-
-def check_columns(shards: Any, columns: Sequence[str] | None) -> None:
-    """Every name in ``columns`` must be a column of every shard whose scan knows its columns:
-    a typo fails here, naming the file and the columns it has, not as a skipped record per row.
-    Formats whose records may lack a field (``FIELDS_OPTIONAL``: WebDataset) need it in some
-    shard only: the samples without it have None. ``shards``: a :class:`tidal.Shards`."""
-    if columns is None:
-        return
-    union: dict[str, tuple[str, set[str]]] = {}  # format with optional fields: a shard, the fields of all
-    for path, fmt, info, error in zip(shards.paths, shards.formats, shards.infos, shards.errors, strict=True):
-        if error is not None:
-            continue
-        mod = module(fmt)
-        known = getattr(mod, "columns", None)
-        names = known(info) if known is not None else None
-        if names is None:
-            continue
-        if getattr(mod, "FIELDS_OPTIONAL", False):
-            union.setdefault(fmt, (path, set()))[1].update(names)
-            continue
-        if getattr(mod, "ARROW_SCHEMA", False) or getattr(mod, "COLUMNS_OPTIONAL", False):  # null where a file lacks it
-            union.setdefault("", (path, set()))[1].update(names)
-            continue
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise SchemaError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'})")
-    for fmt, (path, names) in union.items():
-        missing = [c for c in columns if c not in names]
-        if missing and not fmt:
-            raise SchemaError(
-                f"{path}: no column {missing[0]!r} (columns: {', '.join(sorted(names))}), nor has any other file"
-            )
-        if missing:
-            raise SchemaError(
-                f"no {fmt} file has a field {missing[0]!r} ({path} and the others have: {', '.join(sorted(names))})"
-            )
-
-
-def check_errors(errors: Any) -> Errors:
-    """``errors`` if it is a policy: ``"raise"``, ``"skip"`` or a callable."""
-    if errors in ("raise", "skip") or callable(errors):
-        return errors
-    raise ArgumentError(f"errors must be 'raise', 'skip' or a function, not {errors!r}")
-
-
-def bad(errors: Errors, error: TidalError) -> None:
-    """Apply the policy to one bad record or part of a file: raise ``error``, or return so
-    the caller skips what it names."""
-    if errors == "skip":
-        return
-    if errors == "raise" or not callable(errors):
-        raise error
-    errors(error)
-
-
-@functools.cache
-def _data_errors() -> tuple[type[Exception], ...]:
-    import decimal
-    import pickle
-    import struct
-    import tarfile
-    import tokenize
-    import zlib
-
-    import pyarrow as pa
-    import zstandard
-
-    return (
-        OSError,
-        EOFError,
-        ValueError,  # also UnicodeDecodeError, orjson's JSONDecodeError, pyarrow's ArrowInvalid
-        LookupError,  # KeyError, IndexError: a header or config that does not hold what it must
-        TypeError,
-        OverflowError,
-        zlib.error,
-        struct.error,
-        tarfile.TarError,
-        pickle.UnpicklingError,
-        decimal.InvalidOperation,
-        pa.ArrowException,
-        zstandard.ZstdError,
-        SyntaxError,  # numpy parses a .npy header with ast (and tokenize, for old headers)
-        tokenize.TokenError,
-    )
-
-
-def data_errors() -> tuple[type[Exception], ...]:
-    """The exceptions of Python and the dependencies that bad bytes cause (import is lazy)."""
-    return _data_errors()
-
-
-_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
-_EXHAUSTED_TEXT = re.compile(r"[Ee]rrno ({})\b".format("|".join(str(n) for n in sorted(_EXHAUSTED))))
-
-
-def exhausted(exc: BaseException) -> str | None:
-    """What the machine ran out of, where ``exc`` (or what caused it) says it did: file
-    descriptors, memory or disk. Such an error is never the data's fault, so it is never
-    skipped as bad data nor remembered in the index (a reader or a library may have wrapped
-    it, keeping only ``[Errno 24]`` in its message)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, MemoryError):
-            return "memory"
-        number = e.errno if isinstance(e, OSError) else None
-        if number is None:
-            found = _EXHAUSTED_TEXT.search(str(e))
-            number = int(found.group(1)) if found else None
-        if number in _EXHAUSTED:
-            return {errno.EMFILE: "file descriptors (ulimit -n)", errno.ENFILE: "file descriptors"}.get(
-                number, "memory" if number == errno.ENOMEM else "disk space"
-            )
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def check_options(name: str, options: Options | None) -> Options:

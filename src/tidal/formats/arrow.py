@@ -29,7 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
+from tidal.formats import Errors, Options, Piece, check_options, schemas, source
+from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.binary import open_stream
 
 NAME = "arrow"
@@ -255,5 +256,5 @@ def open(  # noqa: A001
     errors: Errors,
     options: Options | None = None,
 ) -> ArrowReader:
-    check_options(NAME, options)  # column_types: decided over the dataset (tidal.formats.agree), cast by info["cast"]
+    check_options(NAME, options)  # column_types: decided over the dataset (formats.agreement), cast by info["cast"]
     return ArrowReader(path, info, columns, errors)

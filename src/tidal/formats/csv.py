@@ -36,7 +36,8 @@ import pyarrow as pa
 import pyarrow.csv as pc
 
 from tidal.errors import ArgumentError, FormatError, RecordError, SchemaError
-from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
+from tidal.formats import Errors, Options, Piece, check_options, source
+from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.binary import mapped, read_all
 
 NAME = "csv"

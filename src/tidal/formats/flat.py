@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import FormatError, SchemaError
-from tidal.formats import Errors, Options, Piece, check_options, data_errors, schemas, source
+from tidal.formats import Errors, Options, Piece, check_options, schemas, source
+from tidal.formats.bad_data import data_errors
 from tidal.formats.binary import mapped, npy_header, open_stream
 
 NAME = "flat"

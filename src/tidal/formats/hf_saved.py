@@ -43,7 +43,7 @@ SPLITS = "dataset_dict.json"
 __all__ = ["files", "listed"]
 
 
-def files(path: Any) -> tuple[list[str], list[str] | None] | None:  # see tidal.formats.in_order
+def files(path: Any) -> tuple[list[str], list[str] | None] | None:  # see tidal.formats.ordered.in_order
     """``(Arrow files in order, the columns its format shows or None)`` when ``path`` is a local
     ``save_to_disk`` directory, else None (nothing is read from any other path). A
     ``DatasetDict`` directory is a SourceError naming its splits."""

@@ -27,7 +27,8 @@ import numpy as np
 from orjson import loads
 
 from tidal.errors import RecordError
-from tidal.formats import Errors, Options, Piece, bad
+from tidal.formats import Errors, Options, Piece
+from tidal.formats.bad_data import bad
 from tidal.formats.lines import LineReader, scan
 from tidal.tables import Unparsed
 

@@ -80,7 +80,8 @@ import numpy as np
 import pyarrow as pa
 
 from tidal.errors import FormatError, RecordError
-from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
+from tidal.formats import Errors, Options, Piece, check_options, schemas, source
+from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 from tidal.tables import conform
 
@@ -123,7 +124,7 @@ def claims(path: str, exists: Callable[[str], bool]) -> bool:
 def files(root: str) -> tuple[list[str], None] | None:
     """A local LitData directory's chunks in the order its ``index.json`` lists them (the order
     LitData wrote and reads them: ``chunk-0-2.bin`` before ``chunk-0-10.bin``), or None for a
-    directory without a LitData ``index.json``. See :func:`tidal.formats.in_order`."""
+    directory without a LitData ``index.json``. See :func:`tidal.formats.ordered.in_order`."""
     where = os.path.join(root, INDEX)
     if not os.path.isfile(where):
         return None
@@ -440,7 +441,7 @@ class LitdataReader:
         self._tokens = config.get("item_loader") == "TokensLoader"
         self._tree = _spec(config.get("data_spec"))
         names = list(info.get("columns") or {})
-        # the columns of its records: those asked for, else the dataset's (tidal.formats.agree), in
+        # the columns of its records: those asked for, else the dataset's (tidal.formats.agreement.agree), in
         # that order, None where this chunk lacks one; None: its own, as they are
         order = columns if columns is not None else info.get("dataset_columns")
         refill = order is not None and (any(c not in names for c in order) or (columns is None and order != names))

@@ -26,7 +26,7 @@ with ``columns=`` to read the rest.
 Shards of a dataset (several MDS directories, say) may differ in their columns: a column some
 shards lack is None in their samples (and with ``columns=``), and a column of two encodings is a
 :class:`~tidal.errors.SchemaError` naming the column and a shard of each, when the dataset is
-opened (:func:`tidal.formats.check_schemas`).
+opened (:func:`tidal.formats.agreement.check_schemas`).
 
 A compressed shard is decompressed into memory when a reader opens it (Mosaic's shards are
 64 MB by default), every byte checked (:mod:`tidal.formats.codecs`); an uncompressed one is
@@ -47,7 +47,8 @@ import numpy as np
 import orjson
 
 from tidal.errors import FormatError, RecordError, needs
-from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, source
+from tidal.formats import Errors, Options, Piece, check_options, source
+from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.binary import check_offsets, mapped, read_all, view
 
 NAME = "mds"
@@ -243,7 +244,7 @@ class MdsReader:
                 f"{path}: {self._shard.rows} samples, not the {info['samples']} the index.json beside it says "
                 "(it was counted from that); damaged, or the index.json of other shards?"
             )
-        # the columns of its records: those asked for, else the dataset's (tidal.formats.agree), in
+        # the columns of its records: those asked for, else the dataset's (tidal.formats.agreement.agree), in
         # that order, None where this shard lacks one; None: its own, as they are
         order = columns if columns is not None else info.get("dataset_columns")
         refill = order is not None and (any(c not in names for c in order) or (columns is None and order != names))

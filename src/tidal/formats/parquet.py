@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Options, Piece, bad, check_options, data_errors, schemas, source
+from tidal.formats import Errors, Options, Piece, check_options, schemas, source
+from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.parquet_footer import column_bytes
 from tidal.formats.parquet_pages import Pages, Retyped, skipping
 from tidal.tables import keep
@@ -422,5 +423,5 @@ def open(  # noqa: A001
     errors: Errors,
     options: Options | None = None,
 ) -> ParquetReader:
-    check_options(NAME, options)  # column_types: decided over the dataset (tidal.formats.agree), cast by info["cast"]
+    check_options(NAME, options)  # column_types: decided over the dataset (formats.agreement), cast by info["cast"]
     return ParquetReader(path, info, columns, errors)

@@ -23,7 +23,7 @@ Where the types are unknown when the dataset is opened (an index published by an
 before scans recorded them), each reader joins the pieces it reads by the same rules or raises
 the same error, in a block (:func:`tidal.tables.concat`) and from one block to the next
 (:class:`tidal.tables.Seen`). MDS and LitData keep encodings, not Arrow types: one per column,
-checked by :func:`tidal.formats.check_schemas`.
+checked by :func:`tidal.formats.agreement.check_schemas`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from tidal.errors import RecordError, SchemaError
-from tidal.formats import Errors, Options, bad
+from tidal.formats import Errors, Options
+from tidal.formats.bad_data import bad
 from tidal.tables import clash, conform, keep, one_schema, one_type
 
 __all__ = ["agree", "agree_tokens", "cast", "column_types", "decode", "encode", "target", "widen"]

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from tidal.errors import RecordError, SchemaError
-from tidal.formats import Errors, Options, Piece, bad
+from tidal.formats import Errors, Options, Piece
+from tidal.formats.bad_data import bad
 from tidal.formats.lines import LineReader, scan
 
 NAME = "text"

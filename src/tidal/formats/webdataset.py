@@ -42,7 +42,8 @@ import numpy as np
 import orjson
 
 from tidal.errors import FormatError, RecordError, StorageError
-from tidal.formats import Errors, Options, Piece, bad, data_errors, source
+from tidal.formats import Errors, Options, Piece, source
+from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.binary import npy_header, open_stream
 from tidal.formats.codecs import open_stream as open_decompressed
 

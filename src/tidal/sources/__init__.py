@@ -29,7 +29,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tidal.errors import SchemaError
-from tidal.formats import Errors, agree, check_columns, in_order
+from tidal.formats import Errors
+from tidal.formats.agreement import agree, check_columns
+from tidal.formats.ordered import in_order
 from tidal.sources.discover import open_shards
 from tidal.sources.hf_datasets import resolve as resolve_hf
 from tidal.sources.shards import Shard, Shards
@@ -106,7 +108,7 @@ def resolve_source(
     ``errors`` is the policy for files that cannot be counted (see :class:`tidal.Dataset`);
     ``follow_links``: read what symbolic links lead to outside a directory; ``progress``: a bar
     on stderr while the files are counted; ``options``: the readers' ``format_options``, which
-    decide some formats' column types (CSV's ``column_types``: :func:`tidal.formats.agree`).
+    decide some formats' column types (CSV's ``column_types``: :func:`tidal.formats.agreement.agree`).
 
     >>> resolve_source("data/web", columns=["text"]).shards.total   # records in the files
     """

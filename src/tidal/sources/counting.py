@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tidal.errors import FormatError, StorageError
-from tidal.formats import Errors, bad, check_schemas, data_errors, detect, exhausted, module, scan_version
+from tidal.formats import Errors, detect, module, scan_version
+from tidal.formats.agreement import check_schemas
+from tidal.formats.bad_data import bad, data_errors, exhausted
 from tidal.sources.index_file import INDEX_NAME, Entries, holds_together, index_path, load, locked, save, scanner
 from tidal.sources.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
 from tidal.sources.published import read as read_published

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 from tidal.errors import SourceError, StorageError
-from tidal.formats import known_ending, listed_in_order
+from tidal.formats import known_ending
+from tidal.formats.ordered import listed_in_order
 from tidal.sources.documents import without_documents
 from tidal.sources.globs import glob_pattern
 from tidal.sources.published import Sources, listed, location, read
@@ -97,7 +98,7 @@ def _searched_whole(entry: str, found: dict[str, FileStat | None]) -> bool:
 
 
 def _manifest(remote: Remote, url: str) -> bytes | None:
-    """A manifest's bytes (:func:`tidal.formats.listed_in_order`); None where the store has none."""
+    """A manifest's bytes (:func:`tidal.formats.ordered.listed_in_order`); None where the store has none."""
     try:
         return remote.cat(url)
     except SourceError:
@@ -129,7 +130,7 @@ def remote_root(entry: str) -> str | None:
 
 
 def _read_local(path: str) -> bytes | None:
-    """A local manifest's bytes (:func:`tidal.formats.listed_in_order`); None where there is none."""
+    """A local manifest's bytes (:func:`tidal.formats.ordered.listed_in_order`); None where there is none."""
     try:
         with open(path, "rb") as f:
             return f.read()

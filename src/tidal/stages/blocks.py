@@ -30,7 +30,8 @@ import pyarrow as pa
 
 from tidal import closing, env
 from tidal.errors import FormatError, MissingDependency, SchemaError, StateError, StorageError, TidalError
-from tidal.formats import Located, Piece, Reader, data_errors, exhausted, module, parsed_per_batch, threaded
+from tidal.formats import Located, Piece, Reader, module, parsed_per_batch, threaded
+from tidal.formats.bad_data import data_errors, exhausted
 from tidal.order import EpochOrder, Intervals
 from tidal.stages import points
 from tidal.stages.policy import Policy

@@ -63,6 +63,7 @@ from tidal.metrics import Meter
 from tidal.stages import weights as live
 from tidal.stages.batch import Batch
 from tidal.stages.continuous import shared_rows
+from tidal.stages.policy import Reports, fresh_reports
 from tidal.state.ledger import Ledger, Start
 from tidal.transport.bundles import numeric, round_robin, side_by_side, steps
 from tidal.transport.jax import int32_ids
@@ -324,10 +325,12 @@ class LoaderIterator(Iterator[dict]):
         if self._taken is not None:
             self._taken.take()  # its readers report the bad data they meet from now on
 
-    def _start(self, at: Start, early: bool = False) -> None:
+    def _start(self, at: Start, early: bool = False, reports: Reports | None = None) -> None:
         """The readers from ``at``'s reader states, under its weights. ``early``, with neither
-        readers nor prefetching in the background, the first batch is made in a thread now."""
+        readers nor prefetching in the background, the first batch is made in a thread now.
+        ``reports``: what the readers they replace in this pass reported (``set_weights``)."""
         loader = self._loader
+        self._reports = reports if reports is not None else fresh_reports()
         self.start = at
         self._changes = at.changes
         process = loader._num_workers > 0 and loader._worker_type == "process"
@@ -343,6 +346,7 @@ class LoaderIterator(Iterator[dict]):
             widen=int32_ids,
             weights=at.weights,
             taken=self._taken if loader._num_workers else None,
+            reports=self._reports,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
         sharding = loader._sharding if loader._sharding is not None else data_sharding()
@@ -367,8 +371,9 @@ class LoaderIterator(Iterator[dict]):
         if self._changes != self._loader._ledger.changes:  # set_weights: read on from what the loop received
             self._source.close()
             self._pool.close()
-            meter.new_pass(reopened=True)
-            self._start(self._loader._ledger.start(self._ranks))
+            before, reports = self._reports, self._reports.gathered()  # reported, not to be reported again
+            meter.new_pass(reopened=True, reported=len(reports.before) - len(before.before))
+            self._start(self._loader._ledger.start(self._ranks), reports=reports)
         try:
             parts, tokens, batch = next(self._source)
         except StopIteration:

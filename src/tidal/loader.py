@@ -57,7 +57,7 @@ from tidal.errors import ArgumentError, TidalError
 from tidal.metrics import Mark, Meter
 from tidal.stages import weights as live
 from tidal.stages.continuous import shared_rows
-from tidal.stages.policy import hold_reports
+from tidal.stages.policy import Reports, fresh_reports, hold_reports, reports_kept
 from tidal.state import schema
 from tidal.state.ledger import Ledger, Start
 from tidal.transport import orphans, rings, warmup
@@ -92,6 +92,7 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.loop: int | None = None  # the process starting the workers now, which they outlive no longer
         self.head_start = 0  # no workers, started early: the first bundles made in a thread from now on
         self.taken: Taken | None = None  # started early: reports of bad data wait until iter() takes the pass
+        self.reports: Reports | None = None  # the bad records the pass's readers reported (see set_weights)
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -100,7 +101,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         state = self.states[worker] if self.bundled and worker < len(self.states) else None
         where = schema.reader_where(world.rank, worker)
         origin = self.origin if self.bundled else None
-        it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
+        with reports_kept(self.reports if self.bundled else None, process=info is not None and self.bundled):
+            it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
         if info is not None and self.loop is not None:  # (tidal.transport.orphans)
             orphans.exit_with(self.loop)
         if info is not None and self.bundled:
@@ -306,6 +308,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._split = shared_rows(dataset.stage, self._workers)  # continuous rows: a batch is a part of every worker's
         self._early_on = env.start_early() if start_early is None else start_early
         self._early: _Early | None = None  # the workers started before iter() asked
+        self._reports_carried: Reports | None = None  # set_weights: what the readers being replaced reported
         super().__init__(self._stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **kwargs)
         self._start_early()
 
@@ -495,6 +498,15 @@ class DataLoader(torch.utils.data.DataLoader):
         started early, whose readers report bad data once it is taken."""
         self._stream.states = readers
         self._stream.taken = taken
+        # a restart within the pass (set_weights) carries what the readers it replaces reported
+        carried = getattr(self, "_reports_carried", None)
+        self._reports_carried = None
+        if carried is None:
+            old = self._stream.reports
+            if old is not None:
+                old.clear()
+            carried = fresh_reports()
+        self._stream.reports = carried
         self._stream.weights = weights
         if self.persistent_workers and getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()  # type: ignore[union-attr]
@@ -572,7 +584,11 @@ class DataLoader(torch.utils.data.DataLoader):
                     changes = ledger.changes
                     close(source)
                     self._stop_workers(bundles)
-                    meter.new_pass(reopened=True)
+                    reports = self._stream.reports  # what the readers reported: not again, nor counted
+                    carried = reports.gathered() if reports is not None else None
+                    made_before = len(carried.before) - len(reports.before) if carried and reports else None
+                    self._reports_carried = carried
+                    meter.new_pass(reopened=True, reported=made_before)
                     bundles = self._start()
                     made = self._make(bundles, n, ledger.next_worker, device if ahead else None)
                     source = Ahead(made, self._prefetch, "tidal-prefetch-to-device") if ahead else made

@@ -192,12 +192,17 @@ class Meter:
                 self._streams[worker] = streams
                 self._weights = streams.weights
 
-    def new_pass(self, reopened: bool = False) -> None:
+    def new_pass(self, reopened: bool = False, reported: int | None = None) -> None:
         """Readers start afresh (their counters from zero): keep what the last ones counted.
         ``reopened``: they start where the last ones stood after the last batch the loop got
         (``set_weights``, a state loaded, a pass taken up again), and draw again what a packing
-        stage of theirs held beyond it: that is kept out."""
+        stage of theirs held beyond it: that is kept out. ``reported``: the bad records the last
+        ones reported (:class:`tidal.stages.policy.Reports`), their bundles the loop never fetched
+        included: those count as skipped, and their successors skip them without counting them."""
+        skipped = self._before.get("skipped", 0)
         self._before = self.readers()
+        if reported is not None:
+            self._before["skipped"] = max(self._before.get("skipped", 0), skipped + reported)
         self._streams_before = self._stream_totals(at_position=reopened)
         self._readers, self._streams = {}, {}
 

@@ -106,8 +106,10 @@ class Owned:
         perm: np.ndarray | None,
         intervals: Intervals | None = None,  # the positions whose bad records are its own (else asked)
     ):
+        self.epoch = order.epoch
         self._base = int(order.starts[b])
         self._n = int(order.starts[b + 1]) - self._base
+        self._before = reader._policy.reported_before(order.epoch)  # reported by the readers it replaces
         intervals = reader._owned(order.epoch) if intervals is None else intervals
         self._intervals = [
             (a - self._base, z - self._base) for a, z in intervals if a < self._base + self._n and z > self._base
@@ -131,6 +133,11 @@ class Owned:
             else:  # position j yields row perm[j]
                 self._mine = np.zeros(self._n, dtype=bool)
                 self._mine[self._perm[positions]] = True
+            for path, rows in self._before.items():  # reported in the pass already (set_weights): not again
+                for a, z, at in self._files.get(path, ()):
+                    for row in rows:
+                        if a <= row < z:
+                            self._mine[at + row - a] = False
         return self._mine
 
     def count(self, bad: np.ndarray) -> int:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tidal.errors import FormatError, TidalError
@@ -28,6 +34,93 @@ def hold_reports(gate: Any, process: bool) -> None:
         _held.gate = gate
 
 
+class Reports:
+    """The bad records a pass's readers reported (to the ``errors`` function, or counted as skipped),
+    so that the readers that replace them in the same pass (``set_weights`` restarts them at the
+    ledger's position, behind where they had read ahead) report none of them again.
+
+    Readers run in worker processes, threads or the training process; each appends what it reports
+    to a file of its own in ``directory`` (bad records are rare: a line each, nothing when there
+    are none), and :meth:`gathered` reads them all once those readers are stopped. ``before``: the
+    reports of the readers replaced so far, as ``(source key, epoch, path, row)``."""
+
+    def __init__(self, directory: str, tag: str, before: frozenset[tuple[str, int, str, int]] = frozenset()):
+        self.directory, self.tag, self.before = directory, tag, before
+
+    def add(self, key: tuple[str, int, str, int]) -> None:
+        name = f"{self.tag}-{os.getpid()}-{threading.get_ident()}"
+        with open(os.path.join(self.directory, name), "a", encoding="utf-8") as f:
+            f.write("\t".join(map(str, key)) + "\n")
+
+    def gathered(self) -> Reports:
+        """These reports with those the readers made since (read from their files)."""
+        got = set(self.before)
+        try:
+            names = [n for n in os.listdir(self.directory) if n.startswith(self.tag + "-")]
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                with open(os.path.join(self.directory, name), encoding="utf-8") as f:
+                    for line in f:
+                        parts = line.rstrip("\n").rsplit("\t", 3)
+                        if len(parts) == 4 and line.endswith("\n"):  # (a line cut short: its reader was killed)
+                            got.add((parts[0], int(parts[1]), parts[2], int(parts[3])))
+            except (OSError, ValueError):
+                continue
+        return Reports(self.directory, self.tag, frozenset(got))
+
+    def rows(self, key: str, epoch: int) -> dict[str, set[int]]:
+        """Per path, the rows of ``epoch`` of source ``key`` reported before."""
+        out: dict[str, set[int]] = {}
+        for k_, e, path, row in self.before:
+            if k_ == key and e == epoch:
+                out.setdefault(path, set()).add(row)
+        return out
+
+    def clear(self) -> None:
+        """Delete the readers' files (the pass is over)."""
+        try:
+            names = [n for n in os.listdir(self.directory) if n.startswith(self.tag + "-")]
+        except OSError:
+            return
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.directory, name))
+
+
+_directory: str | None = None  # this process's folder of Reports files (removed at exit)
+
+
+def fresh_reports() -> Reports:
+    """The reports of a pass about to start: none yet."""
+    global _directory
+    if _directory is None or not os.path.isdir(_directory):
+        _directory = tempfile.mkdtemp(prefix="tidal-reports-")
+        atexit.register(shutil.rmtree, _directory, True)
+    return Reports(_directory, uuid.uuid4().hex)
+
+
+_book_here: Reports | None = None  # the reports of this process's reader (a DataLoader worker)
+
+
+@contextlib.contextmanager
+def reports_kept(book: Reports | None, process: bool = False) -> Iterator[None]:
+    """Readers opened inside it record what they report in ``book`` and report nothing it holds
+    from before; ``process``: for every reader this process opens from now on (a worker's)."""
+    global _book_here
+    if process:
+        _book_here = book
+        yield
+        return
+    was = getattr(_held, "book", None)
+    _held.book = book
+    try:
+        yield
+    finally:
+        _held.book = was
+
+
 class Policy:
     """One reader's ``errors`` policy: raises, or skips and remembers what it skipped.
 
@@ -40,8 +133,12 @@ class Policy:
 
     KEEP = 3
 
-    def __init__(self, errors: Errors, quiet: bool = False):
+    def __init__(self, errors: Errors, quiet: bool = False, key: str = "", epoch: Callable[[], int] | None = None):
         self.errors = errors
+        self.key = key  # the source key of the reader (see tidal.stages.Context.key)
+        self.epoch = epoch  # the epoch the reader is in
+        # what the readers this one replaces in the pass reported (set_weights): not again
+        self.book = None if quiet else (getattr(_held, "book", None) or _book_here)
         self.quiet = quiet  # a replay (tidal.stages.Context.replay): skipped as the run did, not reported again
         self.first: list[str] = []  # the first few errors skipped
         self.logged: set[str] = set()
@@ -64,17 +161,34 @@ class Policy:
             return
         self.now(path, error)
 
-    def now(self, path: str, error: TidalError, mine: bool = False) -> None:
+    def reported_before(self, epoch: int) -> dict[str, set[int]]:
+        """Per path, the rows of ``epoch`` whose bad records the readers this one replaces reported."""
+        return self.book.rows(self.key, epoch) if self.book is not None and self.book.before else {}
+
+    def now(self, path: str, error: TidalError, mine: bool = False) -> bool:
         """The policy on ``error`` at once, whatever threads are reading. A bad record another
         reader yields (readers read whole blocks, each yielding its share) is that reader's to
-        raise or count: ``mine`` when it is known to be this reader's (found bad downstream)."""
+        raise or count: ``mine`` when it is known to be this reader's (found bad downstream).
+        False where it is not this reader's, or was reported before in the pass (not counted again)."""
         row = getattr(error, "row", None)
         if not mine and row is not None and self.owns is not None and not self.owns(path, row):
-            return
+            return False
         if self.errors == "raise" or not (self.errors == "skip" or callable(self.errors)):
             raise error
         if self.quiet:
-            return
+            return True
+        book = self.book
+        key = None
+        if book is not None and row is not None:
+            owns = None if mine else self.owns
+            epoch = getattr(owns, "epoch", None)
+            if epoch is None and self.epoch is not None:
+                epoch = self.epoch()
+            if epoch is not None:
+                key = (self.key, int(epoch), path, int(row))
+                if key in book.before:
+                    return False
+                book.add(key)  # first: a reader stopped right after its report does not leave it to its successor
         gate = getattr(_held, "gate", None) or _held_here
         if gate is not None:
             gate.wait()  # (raises in a pass dropped before it was taken)
@@ -91,6 +205,7 @@ class Policy:
         if self.errors == "skip" and path not in self.logged:  # a function logs if it wants to
             self.logged.add(path)
             log.warning("skipping bad data: %s [more in this file is counted in stats(), not logged]", error)
+        return True
 
     def replay(self, path: str, deferred: dict[str, list[TidalError]]) -> None:
         """Hand over what reading ``path`` in a thread skipped, in its order (a function may raise)."""

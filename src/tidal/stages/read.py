@@ -227,7 +227,7 @@ class ReadIterator(StageIterator):
         self._following: EpochOrder | None = None  # the next epoch's, once its first block is read ahead
         # the block the last table was cut from, where, and which of its records were kept (None: all)
         self._last: tuple[Block, int, list[int] | None] | None = None
-        self._policy = Policy(plan.errors, quiet=replay)
+        self._policy = Policy(plan.errors, quiet=replay, key=key, epoch=lambda: self._epoch)
         # files the index could not read: counted by one reader, so counts add up over readers
         self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
         self._origin = origin or {k.EPOCH: first_epoch, k.DONE: {}}
@@ -415,11 +415,11 @@ class ReadIterator(StageIterator):
             path = self.path(shard)
             error = RecordError(why, path=path, line=int(held["number"][first + i]), row=row)
             try:
-                self._policy.now(path, error, mine=True)  # raises unless it skips it
+                new = self._policy.now(path, error, mine=True)  # raises unless it skips it
             except BaseException:
                 self._blocks.close_file(shard)  # as a read that fails closes its file (OpenReaders.using)
                 raise
-            self._blocks.count_skipped(1)
+            self._blocks.count_skipped(int(new))  # (not a record reported before in the pass)
         dropped = {i for i, _ in bad}
         return records, [i for i in range(last - first) if i not in dropped]
 
@@ -448,8 +448,8 @@ class ReadIterator(StageIterator):
     def reject(self, shard: int, row: int, why: str) -> None:
         """Record ``row`` of ``shard``, yielded last, was found bad downstream: to the policy."""
         path = redact_urls(self._plan.shards[shard].path)
-        self._policy.now(path, RecordError(why, path=path, row=row), mine=True)  # raises unless it skips it
-        self._blocks.count_skipped(1)
+        new = self._policy.now(path, RecordError(why, path=path, row=row), mine=True)  # raises unless it skips it
+        self._blocks.count_skipped(int(new))  # (not a record reported before in the pass)
         self._kept -= 1
 
     def _check_epoch(self, records: int) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from tidal.errors import ArgumentError, StorageError, TidalError
-from tidal.stages.policy import hold_reports
+from tidal.stages.policy import Reports, hold_reports, reports_kept
 from tidal.state import keys as k
 from tidal.transport import orphans
 from tidal.transport.bundles import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
@@ -104,17 +104,20 @@ def _read(
     stop: Any,
     loop: int,
     taken: Taken | None = None,
+    reports: Reports | None = None,
 ) -> None:
     """One worker: its reader's bundles onto ``out`` until the end, an error, or ``stop``; a
     process exits with ``loop``, the training process, if that is killed. ``taken``: a pass
-    started early, whose reports of bad data wait until it is taken."""
+    started early, whose reports of bad data wait until it is taken; ``reports``: the bad records
+    the pass's readers reported (see :class:`tidal.stages.policy.Reports`)."""
     if process:
         orphans.exit_with(loop)
     if taken is not None:
         hold_reports(taken, process)
     where = f"state['{k.RANKS}'][{world.rank}]['{k.WORKERS}'][{world.worker}]"
     try:
-        it = dataset.iterator(world, state, first_epoch, origin, where, weights)
+        with reports_kept(reports, process):
+            it = dataset.iterator(world, state, first_epoch, origin, where, weights)
         # across processes, bundles grow to many batches (one message, few buffers); threads pass objects
         for bundle in bundles(it, world.worker, process, widen, MAX_BUNDLE if process else 1):
             if not _put(out, bundle, stop):
@@ -135,6 +138,7 @@ class Pool:
     ``widen`` converts numeric arrays in the worker (token ids to the loop's integer type).
     ``weights``: the mixture weights set on the loader, if any. ``taken``: a pass started early
     (its workers hold their reports of bad data until it is taken; made from ``spawn`` for processes).
+    ``reports``: the bad records the pass's readers reported, none of which they report again.
     """
 
     def __init__(
@@ -151,6 +155,7 @@ class Pool:
         depth: int = 4,
         weights: dict | None = None,
         taken: Taken | None = None,
+        reports: Reports | None = None,
     ):
         if worker_type not in ("thread", "process"):
             raise ArgumentError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
@@ -163,7 +168,8 @@ class Pool:
         worlds = [ranks.with_worker(w, self._n) for w in range(self._n)]
         if workers == 0:
             where = f"state['{k.RANKS}'][{ranks.rank}]['{k.WORKERS}'][0]"
-            it = dataset.iterator(worlds[0], states[0], first_epoch, origin, where, weights)
+            with reports_kept(reports):
+                it = dataset.iterator(worlds[0], states[0], first_epoch, origin, where, weights)
             self._inline = bundles(it, 0, False, widen, 1)
             return
         if self._process:
@@ -190,6 +196,7 @@ class Pool:
                 self._stop,
                 os.getpid(),
                 taken,
+                reports,
             )
             worker = make(target=_read, args=args, daemon=True, name=f"tidal-reader-{ranks.rank}-{w}")
             if self._process:

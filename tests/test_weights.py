@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -488,3 +489,49 @@ def test_metrics_report_the_weights_set_on_the_loader(streams: dict[str, tidal.D
         next(it)
     got = loader.metrics()
     assert (got["weight/web"], got["weight/code"]) == (pytest.approx(0.25), pytest.approx(0.75))
+
+
+def _report(path: Path, error: Exception) -> None:
+    """An errors= function whose calls outlive the worker processes: a line each, in ``path``."""
+    with open(path, "a") as f:
+        f.write(f"{Path(getattr(error, 'path', '')).name} {getattr(error, 'row', None)}\n")
+
+
+def bad_stream(root: Path, name: str, n: int, report: Path) -> tidal.Dataset:
+    """``n`` records in 2 files, every 7th line not JSON: bad records all through the files."""
+    root.mkdir(parents=True, exist_ok=True)
+    for s in range(2):
+        lines = [
+            "{not json" if i % 7 == 3 else json.dumps({"src": name, "id": i, "text": f"{name} {i}"})
+            for i in range(s, n, 2)
+        ]
+        (root / f"{name}-{s}.jsonl").write_text("\n".join(lines) + "\n")
+    errors = functools.partial(_report, report)
+    return tidal.Dataset(str(root / f"{name}-*.jsonl"), errors=errors).shuffle(seed=3, block_size=16)
+
+
+@pytest.mark.parametrize("loader", ["torch0", "torch2", "jax0", "jax2"])
+def test_set_weights_reports_no_bad_record_twice(tmp_path: Path, loader: str) -> None:
+    """set_weights restarts the readers at the last batch received, behind where they had read ahead
+    (and reported the bad records they met): those go to the errors function once, count once in
+    metrics()['skipped'], and the streams' counters still add up."""
+    report = tmp_path / "reported.txt"
+    streams = {name: bad_stream(tmp_path / name, name, n, report) for name, n in (("web", 300), ("code", 200))}
+    ds = tidal.mix(streams, weights={"web": 0.5, "code": 0.5}, seed=0).batch(4)
+    workers = int(loader[-1])
+    if loader.startswith("jax"):
+        jax_loader = pytest.importorskip("tidal.jax")
+        made: Any = jax_loader.Loader(ds, num_workers=workers)
+    else:
+        made = tidal.DataLoader(ds, num_workers=workers)
+    changes = {3: {"web": 0.9, "code": 0.1}, 8: {"web": 0.2, "code": 0.8}}
+    for step, _ in enumerate(made):
+        if step in changes:
+            made.set_weights(changes[step])
+    lines = report.read_text().splitlines() if report.exists() else []
+    assert lines, "no bad record was read"
+    twice = sorted({line for line in lines if lines.count(line) > 1})
+    assert not twice, f"reported more than once: {twice}"
+    metrics = made.metrics()
+    assert metrics["skipped"] == len(lines)
+    assert metrics["records"] == metrics["records/web"] + metrics["records/code"]

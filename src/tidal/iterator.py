@@ -70,7 +70,7 @@ class DatasetIterator(Iterator[Any]):
             saved = view.get(k.WEIGHTS, None)
         self._origin = origin
         self._trace = trace
-        self._located: Locator = Unlocated()  # with trace: where the chunk's items came from
+        self._located: Locator = Unlocated()  # with trace, or chunks of many: where the chunk's items came from
         self._live = Live(saved, f"{where}['{k.WEIGHTS}']")
         self._live.coming = weights
         ctx = Context(world, first_epoch, origin, weights=self._live, trace=trace, replay=replay)
@@ -95,7 +95,7 @@ class DatasetIterator(Iterator[Any]):
         self._chunk_position, self._chunk_used = self._top.position(), self._top.used()
         try:
             self._chunk = records(self._top.next(self._chunk_size))
-            if self._trace:
+            if self._trace or self._chunk_size > 1:
                 self._located = self._top.locate()
         except StopIteration:
             self._chunk, self._done = [], True
@@ -159,6 +159,12 @@ class DatasetIterator(Iterator[Any]):
         """Source positions used up so far, ``{source key: [epoch, offset]}``: see :mod:`tidal.state.elastic`."""
         if self._at >= len(self._chunk):
             return self._top.used()
+        if self._at == 0:
+            return self._chunk_used
+        # just past the items yielded (a chunk may begin at the end of an epoch and hold the next's)
+        spent = self._located.used(self._at)
+        if spent is not None:
+            return {**self._chunk_used, **spent}
         ((key, (epoch, offset)),) = self._chunk_used.items()  # chunks of many only in exact chains
         return {key: [epoch, offset + self._at]}
 

@@ -208,6 +208,13 @@ class Locator:
         """The rows of item ``i``, each as :meth:`origins` gives it: one row, or a batch's rows."""
         return [self.origins(i)]
 
+    def used(self, n: int) -> dict[str, list[int]] | None:
+        """What the table's first ``n`` items (``n >= 1``) use up of the sources they came from, as
+        :meth:`StageIterator.used` says it (``{source key: [epoch, offset]}``), for those sources
+        only: where a packer that has begun ``n`` of them stands, for an elastic restore. None
+        where this locator cannot tell."""
+        return None
+
 
 class Unlocated(Locator):
     """Items that stand for no one record (batches, packed sequences): an error with no place."""
@@ -248,6 +255,9 @@ class Kept(Locator):
     def origins(self, i: int) -> list[Origin]:
         return self._up.origins(self._kept[i])
 
+    def used(self, n: int) -> dict[str, list[int]] | None:
+        return self._up.used(self._kept[n - 1] + 1)
+
 
 class Joined(Locator):
     """Items taken from several tables one after the other: ``parts`` of (first item, its locator)."""
@@ -262,6 +272,21 @@ class Joined(Locator):
     def origins(self, i: int) -> list[Origin]:
         first, locator = self._part(i)
         return locator.origins(i - first)
+
+    def used(self, n: int) -> dict[str, list[int]] | None:
+        """Per source, what the last of the first ``n`` items taken from it uses up (a mixture's
+        streams: each where its last item among them left it)."""
+        out: dict[str, list[int]] = {}
+        end = n
+        for first, locator in reversed(self._parts):
+            if first < n:
+                part = locator.used(end - first)
+                if part is None:
+                    return None
+                for key, value in part.items():
+                    out.setdefault(key, value)
+            end = min(end, first)
+        return out
 
     def _part(self, i: int) -> tuple[int, Locator]:
         return self._parts[bisect.bisect_right([f for f, _ in self._parts], i) - 1]

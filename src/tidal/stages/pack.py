@@ -16,12 +16,15 @@ Strategies:
 - ``concat``: documents (each ending in EOS) joined and cut every ``seq_len`` tokens. No
   token is lost except the last remainder of the stream, shorter than one sequence.
 - ``best_fit``: best-fit-decreasing over a buffer of about ``buffer_size`` sequences' worth of
-  documents; a document is cut only when it is longer than ``seq_len``. Sequences are padded
+  documents (pulled a few at a time until they hold ``buffer_size * seq_len`` tokens); a document
+  is cut only when it is longer than ``seq_len``. Sequences are padded
   with ``pad_id``; ``stats()`` reports the padding fraction.
 
 State is a position, never a token buffer: the upstream position where the current chunk
 (concat) or buffer (best_fit) began, plus an offset into it. A restore re-reads and
-re-tokenizes that one chunk or buffer.
+re-tokenizes that one chunk or buffer. For an elastic restore, ``used()`` counts (concat) the
+documents begun, through the locator of the chunk's upstream table; best_fit's buffer is not
+counted: it is packed again.
 """
 
 from __future__ import annotations
@@ -104,10 +107,11 @@ class Pack(Step):
 
 def _documents(
     table: Table, cfg: PackConfig, upstream: StageIterator, needed: Needed, trace: bool = False
-) -> tuple[np.ndarray, np.ndarray, list[list[Origin]] | None]:
+) -> tuple[np.ndarray, np.ndarray, list[list[Origin]] | None, list[int] | range]:
     """The documents of ``table``'s ``cfg.column`` end to end, and the length of each (``cfg.eos``
-    appended to each when given), and with ``trace`` where each came from (``upstream``'s
-    :meth:`~tidal.stages.Locator.origins`). A column of integer lists without nulls, as Arrow holds it
+    appended to each when given), with ``trace`` where each came from (``upstream``'s
+    :meth:`~tidal.stages.Locator.origins`), and which items of ``table`` they are (those not
+    handed to the errors policy). A column of integer lists without nulls, as Arrow holds it
     (Parquet, Arrow, a ``datasets`` table), is read as its values and offsets, with no Python
     object per document; anything else goes record by record through :func:`_doc_tokens`."""
     flat = _flat(table, cfg.column)
@@ -118,16 +122,17 @@ def _documents(
         if trace:
             locator = upstream.locate()
             origins = [locator.origins(i) for i in kept]
-        return (np.concatenate(docs) if docs else np.zeros(0, np.int64)), lengths, origins
+        return (np.concatenate(docs) if docs else np.zeros(0, np.int64)), lengths, origins, kept
     needed.seen = True
     tokens, lengths = flat
     if cfg.eos is not None:
         tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(cfg.eos, dtype=tokens.dtype))
         lengths = lengths + 1
+    everything = range(len(lengths))
     if trace:
         locator = upstream.locate()
-        return tokens, lengths, [locator.origins(i) for i in range(len(lengths))]
-    return tokens, lengths, None
+        return tokens, lengths, [locator.origins(i) for i in everything], everything
+    return tokens, lengths, None, everything
 
 
 def _flat(table: Table, column: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -278,7 +283,9 @@ def _arange(n: int) -> np.ndarray:
 
 
 class _Chunk:
-    """Documents pulled in one upstream call, end to end, and where that call started."""
+    """Documents pulled in one upstream call, end to end, and where that call started; ``items``:
+    the item of the call's table each document is, and ``locator`` the table's (what its first
+    items use up of the sources: :meth:`~tidal.stages.Locator.used`)."""
 
     def __init__(
         self,
@@ -287,11 +294,24 @@ class _Chunk:
         tokens: np.ndarray,
         lengths: np.ndarray,
         origins: list[list[Origin]] | None = None,
+        items: list[int] | range = range(0),
+        locator: Locator | None = None,
     ):
         self.position, self.used = position, used
         self.tokens = tokens
-        self.first = (np.cumsum(lengths) - lengths)[lengths > 0]  # where each document starts
+        nonempty = lengths > 0
+        self.first = (np.cumsum(lengths) - lengths)[nonempty]  # where each document starts
         self.origins = [o for o, n in zip(origins, lengths, strict=True) if n] if origins is not None else None
+        self.items = np.asarray(items, dtype=np.int64)[nonempty] if len(lengths) else np.zeros(0, np.int64)
+        self.locator = locator
+
+    def used_by(self, begun: int) -> dict:
+        """What upstream had used up once the first ``begun`` documents were taken: where the
+        call started, and for the sources they came from, each past the last of them it gave."""
+        if begun == 0 or self.locator is None:
+            return self.used
+        spent = self.locator.used(int(self.items[begun - 1]) + 1)
+        return self.used if spent is None else {**self.used, **spent}
 
 
 class ConcatPackIterator(StageIterator):
@@ -336,12 +356,12 @@ class ConcatPackIterator(StageIterator):
             self._ended = True
             self._needed.ended()
             return
-        tokens, lengths, origins = _documents(table, self._cfg, self._up, self._needed, self._trace)
+        tokens, lengths, origins, items = _documents(table, self._cfg, self._up, self._needed, self._trace)
         if len(lengths):
             self._dtype = tokens.dtype
         else:
             tokens = tokens.astype(self._dtype)
-        self._chunks.append(_Chunk(state, consumed, tokens, lengths, origins))
+        self._chunks.append(_Chunk(state, consumed, tokens, lengths, origins, items, self._up.locate()))
 
     def _available(self) -> int:
         return sum(len(c.tokens) for c in self._chunks) - self._pos
@@ -428,15 +448,14 @@ class ConcatPackIterator(StageIterator):
 
     def used(self) -> dict[str, list[int]]:
         """Documents whose first token went out are used up (an elastic restore drops the rest
-        of the one in progress). Counted within the chunk only when upstream yields one
-        document per source record; otherwise the chunk is not counted and is read again."""
+        of the one in progress), with the source records before them (filtered out, or bad),
+        counted through the locator of the chunk's upstream call (:meth:`~tidal.stages.Locator.used`):
+        per source, just past the last document begun that came from it. Where the locator cannot
+        tell (a source of another kind), the chunk is not counted and is read again."""
         if not self._chunks:
             return self._up.used()
         chunk = self._chunks[0]
-        if not self._up.exact or len(chunk.used) != 1:
-            return chunk.used
-        ((key, (epoch, offset)),) = chunk.used.items()
-        return {key: [epoch, offset + int(np.searchsorted(chunk.first, self._pos))]}  # documents begun
+        return chunk.used_by(int(np.searchsorted(chunk.first, self._pos)))  # documents begun
 
     def stats(self) -> dict:
         return add_stats(self._up.stats(), {"sequences": self.sequences, "packed_tokens": self.tokens})
@@ -472,17 +491,23 @@ class BestFitPackIterator(StageIterator):
         docs: list[np.ndarray] = []
         origins: list[list[Origin]] = []
         budget = cfg.buffer_size * cfg.seq_len
-        total = 0
+        total = longest = 0
         while total < budget:
+            # as many documents as fill what is left at seq_len tokens each (or the buffer's longest
+            # yet: a function of the buffer alone, so a restore pulls it again alike); shorter ones
+            # leave room for the next call, so the buffer ends with the document that fills it
+            want = max(1, min(cfg.chunk_docs, (budget - total) // max(cfg.seq_len, longest)))
             try:
-                table = self._up.next(cfg.chunk_docs)
+                table = self._up.next(want)
             except StopIteration:
                 self._needed.ended()
                 break
-            tokens, lengths, where = _documents(table, cfg, self._up, self._needed, self._trace)
+            tokens, lengths, where, _ = _documents(table, cfg, self._up, self._needed, self._trace)
             docs += np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []
             origins += where or []
             total += len(tokens)
+            if len(lengths):
+                longest = max(longest, int(lengths.max()))
         if docs:
             self._bins = self._pack(docs, origins if self._trace else None)
 

@@ -174,10 +174,30 @@ class _Rows(Locator):
     """Where the records of a table the source stage returned came from: records ``first ..``
     of a block (not the block itself, which may be freed by then)."""
 
-    def __init__(self, reader: ReadIterator, block: Block, first: int, kept: list[int] | None):
+    def __init__(
+        self,
+        reader: ReadIterator,
+        block: Block,
+        first: int,
+        kept: list[int] | None,
+        offset: int | None = None,
+        at: int = 0,
+    ):
         self._reader, self._slices, self._rows, self._first = reader, block.slices, block.rows, first
         self._kept = kept  # where bad lines were dropped as the table was parsed: the records' places in the cut
         self._epoch = reader.epoch
+        # the reader's offset where the table's positions began, that position in the block, and where
+        # the block's records are among its positions (None: one record a position)
+        self._offset, self._at, self._valid_before = offset, at, block.valid_before
+
+    def used(self, n: int) -> dict[str, list[int]] | None:
+        """The reader's ``used()`` just past item ``n - 1``: its position and those before it."""
+        if self._offset is None:
+            return None
+        j = n - 1 if self._kept is None else self._kept[n - 1]  # its place in the cut
+        vb = self._valid_before
+        past = j + 1 if vb is None else int(np.searchsorted(vb, self._first + j + 1, side="left")) - self._at
+        return {self._reader.key: [self._epoch, self._offset + past]}
 
     def where(self, i: int) -> tuple[int, int]:
         """(shard, row) of item ``i``."""
@@ -226,7 +246,7 @@ class ReadIterator(StageIterator):
         self._order: EpochOrder | None = None
         self._following: EpochOrder | None = None  # the next epoch's, once its first block is read ahead
         # the block the last table was cut from, where, and which of its records were kept (None: all)
-        self._last: tuple[Block, int, list[int] | None] | None = None
+        self._last: tuple[Block, int, list[int] | None, int, int] | None = None  # and offset, position in block
         self._policy = Policy(plan.errors, quiet=replay, key=key, epoch=lambda: self._epoch)
         # files the index could not read: counted by one reader, so counts add up over readers
         self._unindexed = sum(e is not None for e in plan.shards.errors) if world.consumer == 0 else 0
@@ -365,6 +385,7 @@ class ReadIterator(StageIterator):
             self._last = None
             block = self._blocks.block(order, run.block, pos - run.base, run.block_stop, max_items)
             first, last, nxt = block.span(pos - run.base, run.block_stop, max_items)
+            start = self._offset
             self._offset += run.base + nxt - pos
             self.passed += run.base + nxt - pos
             if last > first:
@@ -378,7 +399,7 @@ class ReadIterator(StageIterator):
                 else:
                     self._kept += last - first
                     table = cut(block.table, first, last)
-                self._last = (block, first, kept)
+                self._last = (block, first, kept, start, pos - run.base)
                 return table
 
     def _read_remainder(self) -> None:

@@ -14,8 +14,12 @@ read on the new one. A mixture's draws over all readers travel the same way (``"
 so a weight schedule goes on from where it was.
 
 Granularity: records for plain, mapped, filtered and batched streams; documents for
-``pack("concat")`` (the document in progress counts as used, so the rest of its tokens is
-dropped); for ``pack("best_fit")``, its buffer in progress is packed again.
+``pack("concat")`` over any stream (the document in progress counts as used, so the rest of its
+tokens is dropped): a packer counts the documents it began through the locator of the table they
+came in (:meth:`tidal.stages.Locator.used`), so filtered and mixed streams count as exactly as
+plain ones, and a table that begins at an epoch's end counts in the next epoch; for
+``pack("best_fit")``, its buffer in progress (about ``buffer_size`` sequences' worth) is packed
+again.
 """
 
 from __future__ import annotations

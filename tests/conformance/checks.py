@@ -126,8 +126,8 @@ def exactly_once(
     mixed_repeat = restarts(cell)
     extra = {i: got[i] - want[i] for i in want if got[i] > want[i]}
     allowed_extra = 0
-    if elastic_from and cell.pack == "best_fit":  # the buffer in progress is packed again
-        allowed_extra = elastic_from * (cell.buffer_size + 2) * cell.seq_len
+    if elastic_from and cell.pack == "best_fit":  # each old reader's buffer in progress is packed again
+        allowed_extra = elastic_from * best_fit_buffer(cell)
     if extra and not mixed_repeat and sum(extra.values()) > allowed_extra:
         what = "tokens" if cell.packed else "reads"
         findings.append(
@@ -167,6 +167,19 @@ def exactly_once(
             f"exactly once: {missing} {what} never read and {bad_missing} bad record(s) never reported, "
             f"more than the documented remainder ({bound}); e.g. ids {examples}"
         )
+
+
+def best_fit_buffer(cell: Cell) -> int:
+    """The most tokens a best-fit buffer holds (docs/resumption.md): documents pulled until they hold
+    ``buffer_size * seq_len`` tokens, never more at a time than would hold what is left were each
+    ``seq_len`` tokens long (or as long as the buffer's longest yet). Documents no longer than
+    ``seq_len`` overshoot by the last one's tokens but one; longer ones (``seq_len`` 4) by up to the
+    ratio of their length to ``seq_len``."""
+    doc = MAX_DOC + 1  # a document's tokens with its EOS
+    budget = cell.buffer_size * cell.seq_len
+    if doc <= cell.seq_len:
+        return budget - 1 + doc
+    return budget * doc // cell.seq_len + doc
 
 
 def restarts(cell: Cell) -> bool:

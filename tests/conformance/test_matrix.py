@@ -61,11 +61,80 @@ NAMED: dict[str, Cell] = {
     "packed_token_files_streams_add_up_to_tokens_best_fit": Cell(
         seed=5, fmt="tokens", mix="small", pack="best_fit", loader="fork2"
     ),
+    # an elastic restore of pack("concat") over a stream that is not one document per record (a filter, a
+    # mixture) read the chunk in progress again from its start: Pack.used() could count documents within it
+    # only when each was one record of one source; it counts them now through the locator (Locator.used)
+    "elastic_pack_over_a_filter": Cell(
+        seed=6,
+        fmt="tokens",
+        shape="large",
+        filter=True,
+        pack="concat",
+        seq_len=32,
+        batch=1,
+        loader="fork2",
+        resume="elastic",
+        at=0.3,
+    ),
+    "elastic_pack_over_a_mixture": Cell(
+        seed=8,
+        fmt="tokens",
+        shape="large",
+        mix="large",
+        pack="concat",
+        seq_len=32,
+        batch=1,
+        resume="elastic",
+        loader_after="fork2",
+        at=0.3,
+    ),
+    # pack("best_fit") pulled chunk_docs (256) documents at a time whatever buffer_size: its buffer held
+    # hundreds of documents, not about buffer_size sequences' worth, and an elastic restore repeated them all
+    "elastic_best_fit_small_buffer": Cell(
+        seed=7,
+        fmt="megatron",
+        shape="large",
+        size=190,
+        pack="best_fit",
+        seq_len=32,
+        loader="fork2",
+        resume="elastic",
+        at=0.45,
+    ),
+    # a chunk pulled at the end of a reader's share of an epoch holds the next epoch's first records: the
+    # records used counted on from the old epoch's end (past its share), so an elastic restore read the new
+    # epoch's again; packed (drawn: seed 11, continuous rows on JAX, 1 -> 2 ranks) and unbatched records
+    "elastic_pack_across_an_epoch_end": Cell(
+        seed=9,
+        fmt="tokens",
+        shape="large",
+        size=159,
+        epochs=2,
+        pack="concat",
+        seq_len=32,
+        batch=1,
+        resume="elastic",
+        loader_after="fork2",
+        at=0.83,
+    ),
+    "elastic_records_across_an_epoch_end": Cell(
+        seed=13, shape="large", size=159, epochs=2, batch=None, resume="elastic", loader_after="fork2", at=0.55
+    ),
     # set_weights restarted the readers at the last batch received: the bad records they had met reading
     # ahead reached the errors function again, and metrics()['skipped'] counted them twice
     "set_weights_reports_no_bad_record_twice": Cell(
-        seed=2728, shape="bad", size=162, mix="bad", weights=(2.0, 1.0), set_weights=(1, (3.0, 1.0)), shuffle=23,
-        block_size=8, map=True, batch=5, errors="function", loader="fork2",
+        seed=2728,
+        shape="bad",
+        size=162,
+        mix="bad",
+        weights=(2.0, 1.0),
+        set_weights=(1, (3.0, 1.0)),
+        shuffle=23,
+        block_size=8,
+        map=True,
+        batch=5,
+        errors="function",
+        loader="fork2",
     ),
     "set_weights_counts_no_bad_record_twice": Cell(
         seed=10, fmt="csv", mix="bad", set_weights=(4, (1.0, 2.0)), shuffle=78, batch=4, errors="skip"
@@ -83,37 +152,9 @@ class Known:
 
 # Drawn cells that can show a known defect are expected to fail (not strictly: a cell may miss it);
 # the named case of each is expected to fail strictly: fixed, it passes, and moves to NAMED.
-KNOWN: dict[str, Known] = {
-    "pack_elastic_repeats_its_chunk": Known(
-        "an elastic restore of pack() over a stream that is not one document per record (a filter, a "
-        "mixture) reads the chunk in progress again from its start (Pack.used() cannot count within it): "
-        "documents the rows had held are repeated, which docs/resumption.md says does not happen",
-        lambda c: c.resume == "elastic" and c.packed and (c.filter or c.mix is not None),
-    ),
-    "best_fit_buffer_is_256_documents": Known(
-        "pack('best_fit') pulls chunk_docs (256) documents a time whatever buffer_size, so its buffer holds "
-        "hundreds of documents, not about buffer_size sequences' worth: an elastic restore repeats them all",
-        lambda c: c.resume == "elastic" and c.pack == "best_fit",
-    ),
-}
+KNOWN: dict[str, Known] = {}
 
-KNOWN_CASES: dict[str, tuple[str, Cell]] = {
-    "elastic_pack_over_a_filter": (
-        "pack_elastic_repeats_its_chunk",
-        Cell(seed=6, fmt="tokens", shape="large", filter=True, pack="concat", seq_len=32, batch=1,
-             loader="fork2", resume="elastic", at=0.3),
-    ),
-    "elastic_pack_over_a_mixture": (
-        "pack_elastic_repeats_its_chunk",
-        Cell(seed=8, fmt="tokens", shape="large", mix="large", pack="concat", seq_len=32, batch=1,
-             resume="elastic", loader_after="fork2", at=0.3),
-    ),
-    "elastic_best_fit_small_buffer": (
-        "best_fit_buffer_is_256_documents",
-        Cell(seed=7, fmt="megatron", shape="large", size=190, pack="best_fit", seq_len=32, loader="fork2",
-             resume="elastic", at=0.45),
-    ),
-}  # fmt: skip
+KNOWN_CASES: dict[str, tuple[str, Cell]] = {}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -3,8 +3,8 @@ the small interface of ``base``, and the machinery that runs them all alike.
 
 - the peers: ``tidal`` (on JSONL and Parquet), ``litdata``, ``mosaic``, ``webdataset``, ``hf``; ``base``, what each
   provides; ``packing``, the tokenize + pack put around the peers' record streams;
-- ``corpus``: the corpus and every copy of it, each made once; ``harness``: one measurement in a fresh process,
-  its memory sampled; ``workloads``: what a child measures; ``plan``: the measurements, named and interleaved;
+- ``corpus``: the corpus and every copy of it, each made once; ``spec``: what one measurement is; ``harness``: one
+  measurement in a fresh process, its memory sampled; ``workloads``: what a child measures; ``plan``: the measurements, named and interleaved;
   ``s3``: the s3 workload's server;
 - ``tables``, ``sections``, ``report``: summaries, a table and its targets per workload, the header and the plot.
 

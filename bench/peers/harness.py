@@ -15,45 +15,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from common import log
 
 from peers.s3 import s3_env, server_requests
+from peers.spec import Spec
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DRIVER = REPO / "bench" / "bench_peers.py"  # what a child runs: ``bench_peers.py --child SPEC`` or ``--convert``
 RESULT = "RESULT "  # prefix of the line a child prints its figures on
-
-
-@dataclass
-class Spec:
-    """One measurement, run in a child process (``--child SPEC``)."""
-
-    kind: str  # text | tokens | raw | import | cache | resume-save | resume-load
-    loader: str = ""
-    root: str = ""  # the directory of the loader's format (cache: the corpus directory)
-    workers: int = 0
-    batch: int = 8
-    seconds: float = 0.0
-    seed: int = 1
-    tokenizer: str = ""
-    seq_len: int = 2048
-    threads: int = 0  # RAYON_NUM_THREADS in the child's environment; 0 leaves it unset
-    raw_mb: float = 20.0
-    method: str = "encode_batch"  # raw: which tokenizers method
-    records: int = 0  # records of one epoch
-    fractions: tuple[float, ...] = ()
-    at: float = 0.0
-    state_file: str = ""
-    t_spawn: float = 0.0  # wall clock in the parent just before the child was started
-    # the s3 workload: the URL of the loader's copy on the server (set: read from there, not from ``root``), the
-    # server's endpoint, and a fresh, empty local directory for every cache the loader keeps
-    url: str = ""
-    endpoint: str = ""
-    cache: str = ""
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from peers.base import DATA_VERSION, Copy, Peer
 from peers.packing import packed
 
 if TYPE_CHECKING:
-    from peers.harness import Spec
+    from peers.spec import Spec
 
 
 def write(files: list[str], out: str, shard_mb: float, row_group: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from peers.base import DATA_VERSION, Copy, Peer
 from peers.packing import packed
 
 if TYPE_CHECKING:
-    from peers.harness import Spec
+    from peers.spec import Spec
 
 
 def mosaic() -> Any:

@@ -11,7 +11,7 @@ from common import EOS
 from peers.base import forever
 
 if TYPE_CHECKING:
-    from peers.harness import Spec
+    from peers.spec import Spec
 
 
 def packed_tokens(records: Any, tokenizer: str, seq_len: int, batch: int) -> Any:

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 from common import log
 
 from peers import FORMAT_OF, RESUMABLE
-from peers.harness import Spec, run_child, run_s3_child
+from peers.harness import run_child, run_s3_child
 from peers.s3 import s3_server
+from peers.spec import Spec
 
 WORKLOADS = ("text", "tokens", "first", "resume", "rss", "limits", "s3")
 DEFAULT_WORKLOADS = WORKLOADS  # s3 included: the server holds every copy in memory (3.6 GB for the 0.6 GB corpus)

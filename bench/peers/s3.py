@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from common import log
 
 if TYPE_CHECKING:
-    from peers.harness import Spec
+    from peers.spec import Spec
 
 TESTS = Path(__file__).resolve().parents[2] / "tests"  # the S3 server helper the tests use, as bench_s3.py does
 S3_BUCKET = "bench"

@@ -18,7 +18,7 @@ from peers.base import DATA_VERSION, Copy, Peer
 from peers.s3 import s3_options
 
 if TYPE_CHECKING:
-    from peers.harness import Spec
+    from peers.spec import Spec
 
 COLUMNS = ["id", "text"]
 

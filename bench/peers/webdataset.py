@@ -15,7 +15,7 @@ from peers.packing import packed
 from peers.s3 import s3_options
 
 if TYPE_CHECKING:
-    from peers.harness import Spec
+    from peers.spec import Spec
 
 
 def write(files: list[str], out: str, shard_mb: float, row_group: int) -> dict[str, Any]:

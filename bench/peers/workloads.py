@@ -16,7 +16,8 @@ from common import batch_ids, corpus_texts, resume_points
 
 from peers import COPIES, PEERS, TIDAL
 from peers.base import forever
-from peers.harness import Spec, serve, steady
+from peers.harness import serve, steady
+from peers.spec import Spec
 from peers.tidal import JSONL
 
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tidal.errors import ArgumentError, StateError, TidalError
 from tidal.state import keys as k
 
 if TYPE_CHECKING:
     from tidal.stages import Stage
-    from tidal.stages.mix import MixIterator
 
 Change = tuple[int, dict[str, float]]
 """From this reader's draw ``[0]`` on, the weights ``[1]``."""
@@ -62,6 +61,24 @@ def in_force(changes: list[Change], draw: int) -> tuple[dict[str, float] | None,
     return (changes[i - 1][1] if i else None), (changes[i][0] if i < len(changes) else None)
 
 
+class Drawing(Protocol):
+    """What :class:`Live` asks of a mixture that draws with its changes
+    (:class:`tidal.stages.mix.MixIterator`): the mixture imports this module, not the reverse."""
+
+    drawn: dict[str, int]
+    tokens: dict[str, int]
+
+    @property
+    def names(self) -> list[str]: ...
+
+    @property
+    def draws(self) -> int: ...
+
+    def counts_at(self, draw: int) -> tuple[dict[str, int], dict[str, int]]: ...
+
+    def drawn_with(self, draw: int) -> dict[str, float]: ...
+
+
 class Live:
     """One reader's changes, per lane, and the mixtures that draw with them.
 
@@ -74,7 +91,7 @@ class Live:
             raise StateError(f"{where}: expected a list of changes per row, found {saved!r}")
         self._saved: list | None = saved
         self._where = where
-        self._lanes: dict[int, tuple[list[Change], MixIterator]] = {}
+        self._lanes: dict[int, tuple[list[Change], Drawing]] = {}
         self.coming: Mapping[str, float] | None = None  # the weights switch() will set, once the chain is open
 
     @property
@@ -88,7 +105,7 @@ class Live:
             not changes or changes[-1][1] != checked(self.coming, mix.names) for changes, mix in self._lanes.values()
         )
 
-    def attach(self, lane: int, lanes: int, names: list[str], mix: MixIterator) -> list[Change]:
+    def attach(self, lane: int, lanes: int, names: list[str], mix: Drawing) -> list[Change]:
         """The changes of lane ``lane`` (of ``lanes``), read from the saved state and checked;
         ``mix`` draws with them, and :meth:`switch` changes them."""
         changes: list[Change] = []

@@ -27,8 +27,8 @@ Site = tuple[str, str, str]  # (file under src/tidal, enclosing function, what i
 # record (a RecordError, a FormatError), or falls back.
 INTERNAL: dict[Site, tuple[int, str]] = {
     ("formats/arrow.py", "ArrowReader._batch", "ValueError"): (2, "caught in _batch: a RecordError for the batch"),
-    ("formats/litdata.py", "Chunk._inflate", "ValueError"): (3, "a zstd frame: caught in read(): a RecordError"),
-    ("formats/litdata.py", "Chunk._frame", "ValueError"): (1, "a zstd frame: caught in read(): a RecordError"),
+    ("formats/litdata_chunks.py", "Chunk._inflate", "ValueError"): (3, "a zstd frame: caught in read(): a RecordError"),
+    ("formats/litdata_chunks.py", "Chunk._frame", "ValueError"): (1, "a zstd frame: caught in read(): a RecordError"),
     ("formats/litdata.py", "LitdataReader._leaf", "ValueError"): (1, "caught in read(): a RecordError"),
     ("formats/litdata.py", "LitdataReader._item", "ValueError"): (2, "caught in read(): a RecordError"),
     ("formats/mds.py", "_image", "ValueError"): (1, "caught in MdsReader.read(): a RecordError"),

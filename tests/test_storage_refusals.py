@@ -137,11 +137,11 @@ def test_access_denied_says_which_credentials_may_not_do_what_on_which_bucket(gu
 def test_credentials_that_may_read_but_not_write_read_the_data_and_write_nothing(
     guarded: Guarded, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tidal.sources import counting
+    from tidal.sources import remote_counting
 
     caplog.set_level(logging.WARNING, logger="tidal")
     for publish in (False, True):  # asked to publish: the write is refused, and the job goes on
-        monkeypatch.setattr(counting, "_warned", set())  # once per dataset and process: once for each here
+        monkeypatch.setattr(remote_counting, "_warned", set())  # once per dataset and process: once for each here
         caplog.clear()
         settings = guarded.storage(tmp_path / str(publish), guarded.reader, publish_index=publish)
         ds = tidal.Dataset("s3://bkt/data/", storage=settings)

@@ -14,7 +14,9 @@ The way down, one module each:
 - :mod:`~tidal.sources.listing`: which files a source names (globs, directories, symbolic
   links, remote listings), or the index published beside them (:mod:`~tidal.sources.published`);
 - :mod:`~tidal.sources.counting`: how many records each file holds, from the index file
-  (:mod:`~tidal.sources.index_file`) where it is still valid, else scanned or counted;
+  (:mod:`~tidal.sources.index_file`) where it is still valid, else scanned
+  (:mod:`~tidal.sources.scanning`: one file's entry) or, for remote files, counted once for
+  every node (:mod:`~tidal.sources.remote_counting`);
 - :mod:`~tidal.sources.shards`: :class:`~tidal.Shard` and :class:`~tidal.Shards`, what comes out.
 
 ``tidal index`` (:mod:`~tidal.sources.indexing`) lists and counts a remote dataset afresh, on

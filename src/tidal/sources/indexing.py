@@ -20,10 +20,11 @@ from typing import Any
 from tidal.errors import ArgumentError, SourceError, StorageError
 from tidal.formats import scan_version
 from tidal.sources import counting, storage_settings
-from tidal.sources.counting import count_remote, record_counts, uncounted
+from tidal.sources.counting import record_counts, uncounted
 from tidal.sources.index_file import INDEX_NAME, Entries, scanner
 from tidal.sources.listing import listing, remote_root
 from tidal.sources.published import location, publish
+from tidal.sources.remote_counting import count_remote
 from tidal.sources.shards import Shards
 from tidal.storage.config import Storage
 from tidal.storage.fs import FileStat, Remote

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tidal
-from tidal.formats import parquet, parquet_pages
+from tidal.formats import parquet, parquet_pages, parquet_skipping
 from tidal.formats.parquet_pages import Pages
 
 ROWS = 3000
@@ -281,15 +281,15 @@ def test_a_thrift_map_keyed_by_structs_is_a_format_error_not_a_type_error() -> N
 
 @pytest.fixture
 def guard() -> Iterator[None]:
-    """:func:`parquet_pages.skipping` asked afresh (its answer is kept per process)."""
-    parquet_pages.skipping.cache_clear()
+    """:func:`parquet_skipping.skipping` asked afresh (its answer is kept per process)."""
+    parquet_skipping.skipping.cache_clear()
     yield
-    parquet_pages.skipping.cache_clear()
+    parquet_skipping.skipping.cache_clear()
 
 
 def test_the_guard_finds_that_the_installed_pyarrow_passes_over_retyped_pages(guard: None) -> None:
-    assert parquet_pages._retyped_reads_wrong() is None
-    assert parquet_pages.skipping()
+    assert parquet_skipping._retyped_reads_wrong() is None
+    assert parquet_skipping.skipping()
 
 
 def test_where_pyarrow_decoded_retyped_pages_the_guard_turns_skipping_off_and_the_rows_stay_right(
@@ -298,9 +298,9 @@ def test_where_pyarrow_decoded_retyped_pages_the_guard_turns_skipping_off_and_th
     """A pyarrow that decoded the pages tidal retypes (here: retyped to DATA_PAGE, which it does
     decode) would shift every later row of their columns: the guard sees it in its own file, says
     so once, and every slice is decoded from its group's first row."""
-    monkeypatch.setitem(parquet_pages._ZIGZAG, parquet_pages.INDEX_PAGE, parquet_pages._ZIGZAG[parquet_pages.DATA_PAGE])
+    monkeypatch.setitem(parquet_pages.ZIGZAG, parquet_pages.INDEX_PAGE, parquet_pages.ZIGZAG[parquet_pages.DATA_PAGE])
     retyped: list[object] = []
-    monkeypatch.setattr(parquet, "Retyped", lambda *args: retyped.append(args) or parquet_pages.Retyped(*args))
+    monkeypatch.setattr(parquet, "Retyped", lambda *args: retyped.append(args) or parquet_skipping.Retyped(*args))
     path = tmp_path / "a.parquet"
     pq.write_table(_table(), path, row_group_size=1500, data_page_size=512, write_batch_size=50)
     table = pq.read_table(path)

@@ -34,7 +34,8 @@ from tidal.errors import FormatError, RecordError, StorageError
 from tidal.formats import Errors, Options, Piece, check_options, schemas, source
 from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.parquet_footer import column_bytes
-from tidal.formats.parquet_pages import Pages, Retyped, skipping
+from tidal.formats.parquet_pages import Pages
+from tidal.formats.parquet_skipping import Retyped, skipping
 from tidal.tables import keep
 
 NAME = "parquet"

@@ -6,7 +6,7 @@ readers (:class:`~tidal.stages.readers.OpenReaders`), side by side in threads wh
 releases the GIL, the next block read ahead, remote shards fetched ahead by the prefetcher.
 Bad data meets the ``errors`` policy here; a bad record is raised or counted by the reader
 whose share holds it, or, in the remainder of a finite epoch that no reader yields, by the
-last reader, which reads it (:class:`Owned`).
+last reader, which reads it (:mod:`tidal.stages.owned`).
 
 A reader's first block (a job's start, a resume) does not wait for all of it: its first batch
 comes from point reads of just the records the permutation puts first (:mod:`tidal.stages.points`,
@@ -22,23 +22,25 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from tidal import closing, env
-from tidal.errors import FormatError, MissingDependency, SchemaError, StateError, StorageError, TidalError
+from tidal.errors import FormatError, MissingDependency, SchemaError, StorageError, TidalError
 from tidal.formats import Located, Piece, Reader, module, parsed_per_batch, threaded
-from tidal.formats.bad_data import data_errors, exhausted
 from tidal.order import EpochOrder, Intervals
 from tidal.stages import points
+from tidal.stages.loaded import Block, Points
+from tidal.stages.owned import Owned
 from tidal.stages.policy import Policy
+from tidal.stages.read_threads import ReadThreads
 from tidal.stages.readers import NotOpened, OpenReaders
 from tidal.storage.cache import Entry
 from tidal.storage.retry import redact_urls
-from tidal.tables import Seen, Table, concat, decoded, length, take
+from tidal.tables import Seen, concat, decoded, length, take
 from tidal.world import World
 
 if TYPE_CHECKING:
@@ -48,106 +50,6 @@ if TYPE_CHECKING:
 LOOKAHEAD_BLOCKS = 512  # how far ahead the reader looks for shards to prefetch
 RELEASE_BYTES = 32 << 20
 log = logging.getLogger("tidal")
-
-
-class Block:
-    """One loaded block, its records already in yield order, and where skipped records were."""
-
-    def __init__(
-        self,
-        table: Table,
-        valid_before: np.ndarray | None,
-        slices: list[tuple[int, int, int]],
-        rows: np.ndarray | None,
-    ):
-        self.table = table
-        self.valid_before = valid_before  # kept records before each position; None: all kept
-        self.slices = slices  # (shard, first row, stop) of each file read, in order
-        self.rows = rows  # where each record of ``table`` was among the slices' rows; None: in order
-
-    def span(self, offset: int, stop: int, max_items: int) -> tuple[int, int, int]:
-        """(first row, last row, next offset) of up to ``max_items`` kept records from ``offset``."""
-        if self.valid_before is None:
-            end = min(stop, offset + max_items)
-            return offset, end, end
-        vb = self.valid_before
-        first = int(vb[offset])
-        last = min(int(vb[stop]), first + max_items)
-        # the position just past the record numbered last - 1
-        nxt = int(np.searchsorted(vb, last, side="left")) if last > first else stop
-        return first, last, min(nxt, stop)
-
-
-class Points(Block):
-    """The records of positions ``[first, end)`` of a block, read by point reads (every one kept):
-    ``table[i]`` is position ``first + i``, ``rows[i]`` its row among the slices."""
-
-    def __init__(self, table: Table, slices: list[tuple[int, int, int]], rows: np.ndarray, first: int, end: int):
-        super().__init__(table, None, slices, rows)
-        self.first, self.end = first, end
-
-    def span(self, offset: int, stop: int, max_items: int) -> tuple[int, int, int]:
-        end = min(stop, offset + max_items, self.end)
-        return offset - self.first, end - self.first, end
-
-
-class Owned:
-    """Which rows of a block's files fall in what this reader reads of the epoch (its share, and
-    the remainder where it reads that): every reader reads the whole block and yields its share
-    of it, so a bad record is raised or counted by the reader that would have yielded it, once
-    in the job (worked out only for bad rows)."""
-
-    def __init__(
-        self,
-        reader: BlockReader,
-        order: EpochOrder,
-        b: int,
-        slices: list[tuple[int, int, int]],
-        perm: np.ndarray | None,
-        intervals: Intervals | None = None,  # the positions whose bad records are its own (else asked)
-    ):
-        self.epoch = order.epoch
-        self._base = int(order.starts[b])
-        self._n = int(order.starts[b + 1]) - self._base
-        self._before = reader._policy.reported_before(order.epoch)  # reported by the readers it replaces
-        intervals = reader._owned(order.epoch) if intervals is None else intervals
-        self._intervals = [
-            (a - self._base, z - self._base) for a, z in intervals if a < self._base + self._n and z > self._base
-        ]
-        self._perm = perm
-        self._files: dict[str, list[tuple[int, int, int]]] = {}  # path: (first row, stop, where in the block)
-        at = 0
-        for shard, a, z in slices:
-            self._files.setdefault(redact_urls(reader._plan.shards[shard].path), []).append((a, z, at))
-            at += z - a
-        self._mine: np.ndarray | None = None
-
-    def mine(self) -> np.ndarray:
-        """Per row of the block (in file order), whether it is in this reader's share."""
-        if self._mine is None:
-            positions = np.zeros(self._n, dtype=bool)
-            for a, z in self._intervals:
-                positions[max(a, 0) : min(z, self._n)] = True
-            if self._perm is None:
-                self._mine = positions
-            else:  # position j yields row perm[j]
-                self._mine = np.zeros(self._n, dtype=bool)
-                self._mine[self._perm[positions]] = True
-            for path, rows in self._before.items():  # reported in the pass already (set_weights): not again
-                for a, z, at in self._files.get(path, ()):
-                    for row in rows:
-                        if a <= row < z:
-                            self._mine[at + row - a] = False
-        return self._mine
-
-    def count(self, bad: np.ndarray) -> int:
-        return int((bad & self.mine()).sum())
-
-    def __call__(self, path: str, row: int) -> bool:
-        for a, z, at in self._files.get(path, ()):
-            if a <= row < z:
-                return bool(self.mine()[at + row - a])
-        return True  # not a row of this block: it cannot be told, so it is this reader's
 
 
 class BlockReader:
@@ -179,20 +81,14 @@ class BlockReader:
         self._seen = Seen()  # column types read so far: one type per column, where the index did not know them
         self._broken: dict[int, TidalError] = {}  # shards that could not be opened: skipped from then on
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
-        # threads a block's files are read with (see _read_slices), the next block read ahead in them
-        # (_read_ahead): where decoding releases the GIL (Parquet, Arrow; remote files too: their local
-        # copies, or ranged GETs, which release the GIL as they wait). A DataLoader worker reads ahead
-        # too: the loop takes batches from the workers in turn, so one worker decoding its next
-        # block in its own thread would hold up the loop, and every other worker with it
-        self._threads = env.read_threads(world.num_workers) if threaded(plan.shards.formats) else 0
+        # the threads a block's files are read with, side by side, the next block read ahead in them
+        # (tidal.stages.read_threads), where decoding releases the GIL
+        count = env.read_threads(world.num_workers) if threaded(plan.shards.formats) else 0
+        self._threads = ReadThreads(count, policy, self._read_held)
         # JSON lines: held as their lines, each batch parsed with this as it is cut (tidal.formats.jsonl);
         # None: records are parsed as they are read
         formats = plan.shards.formats
         self.parse: Callable | None = module(formats[0]).parse if parsed_per_batch(formats) else None
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid it was made in, its threads)
-        self._reading: list[Future[Piece]] = []  # reads in flight
-        # the next block, being read (see _read_ahead): (pid, its slices, their reads, what they skipped)
-        self._ahead: tuple[int, list, dict[int, Future[Piece]], dict[str, list[TidalError]]] | None = None
         self._fresh = True  # no block asked for yet: the first one's first records come from point reads
         self._loaded = 0  # blocks loaded
         # the first block, loading behind its point reads: (pid, the thread, what it raised)
@@ -365,12 +261,14 @@ class BlockReader:
             self._readers.close_idle(lambda i: (i in keep and not remote.copied(i)) or not remote.is_remote(i))
             remote.ahead(now, later, settled=self._loaded > 0)
         perm = order.permutation(b)
-        owned = Owned(self, order, b, slices, perm, owned_positions)  # bad records: this reader's only
+        owned = Owned(
+            self._policy, self._owned, self._plan.shards, order, b, slices, perm, owned_positions
+        )  # bad records: this reader's only
         self._policy.owns = owned
         tables, files, masks, any_skipped = [], [], [], False
         absent: dict[str, str] | None = None  # columns asked for that no record of the block has so far
         shards = self._plan.shards
-        for (s, a, z), piece in zip(slices, self._read_slices(slices), strict=True):
+        for (s, a, z), piece in zip(slices, self._threads.pieces(slices, self._read, self._broken), strict=True):
             self._count_read(s, a, z)
             _check_rows(piece, shards.paths[s], a, z)
             if length(piece.table):
@@ -435,60 +333,6 @@ class BlockReader:
             self._read_sizes = sizes
         return int(self._read_sizes[shard])
 
-    def _read_slices(self, slices: list[tuple[int, int, int]]) -> Iterator[Piece]:
-        """Each slice's rows, in order. Where decoding releases the GIL and the reader has threads
-        to spare, the files are read side by side in them (one thread decodes Parquet at 0.5 GB/s).
-        The block read ahead (see :meth:`_read_ahead`) is taken as it is when it is the one asked for."""
-        ahead, self._ahead = self._ahead, None
-        if self._reading:  # reads ahead, or reads an interrupt left running: they use the readers, so they end first
-            if self._pool is not None and self._pool[0] == os.getpid():
-                wait(self._reading)
-            # else made before a fork: their threads are not in this process; the readers they were
-            # using are the parent's, closed by OpenReaders when this process first uses it
-            self._reading = []
-        self._policy.deferred = None
-        if ahead is not None and ahead[0] == os.getpid() and ahead[1] == slices:
-            reads, deferred = ahead[2], ahead[3]
-        elif not self._side_by_side(slices):
-            for shard, a, z in slices:
-                yield self._read(shard, a, z)
-            return
-        else:
-            reads, deferred = self._submit(slices)
-            try:
-                wait(self._reading)
-                self._reading = []
-            finally:
-                self._policy.deferred = None
-        for shard, a, z in slices:
-            yield self._read(shard, a, z, reads.get(shard), deferred)
-
-    def _side_by_side(self, slices: list[tuple[int, int, int]]) -> bool:
-        """Whether the threads read these slices at once (several files, threads to read them)."""
-        return self._threads >= 2 and len(slices) >= 2 and self._one_per_file(slices)
-
-    def _one_per_file(self, slices: list[tuple[int, int, int]]) -> bool:
-        return len({s for s, _, _ in slices}) == len(slices)  # a file's reader reads one slice at a time
-
-    def _submit(
-        self, slices: list[tuple[int, int, int]]
-    ) -> tuple[dict[int, Future[Piece]], dict[str, list[TidalError]]]:
-        """Start reading ``slices`` in the threads, each opening its file's reader if none is open;
-        what they skip is deferred until each piece is taken (:meth:`_read`), so that the policy
-        sees it in file order."""
-        pool = self._pool
-        if pool is None or pool[0] != os.getpid():  # made in the process that reads (a fork has no threads)
-            closing.start()  # the threads a close joins: a dropped iterator may need it (tidal.closing)
-            pool = self._pool = (
-                os.getpid(),
-                ThreadPoolExecutor(max(1, self._threads), thread_name_prefix="tidal-read"),
-            )
-        deferred: dict[str, list[TidalError]] = {}
-        self._policy.deferred = deferred
-        reads = {s: pool[1].submit(self._read_held, s, a, z) for s, a, z in slices if s not in self._broken}
-        self._reading = list(reads.values())
-        return reads, deferred
-
     def _read_held(self, index: int, a: int, z: int) -> Piece:
         with self._readers.using(index) as reader:
             return reader.unparsed(a, z) if self.parse is not None else reader.read(a, z)  # type: ignore[attr-defined]
@@ -499,17 +343,13 @@ class BlockReader:
         loop takes the batches of this one, so that it waits for a block only when it takes
         batches faster than the threads decode (one block more in memory, read, not yet made
         Python). Only for local files: remote ones are fetched ahead by the prefetcher."""
-        if not self._threads or self._plan.storage is not None:
+        if not self._threads.count or self._plan.storage is not None:
             return
         found = self._after(order, int(order.starts[b]) if b < order.blocks else order.total)
         if found is None:
             return
         order, b = found
-        slices = order.slices(b)
-        if not self._one_per_file(slices):
-            return
-        reads, deferred = self._submit(slices)
-        self._ahead = (os.getpid(), slices, reads, deferred)
+        self._threads.ahead(order.slices(b), self._broken)
 
     def _after(self, order: EpochOrder, position: int) -> tuple[EpochOrder, int] | None:
         """The epoch's order and the block of this reader's first position at or after ``position``
@@ -548,32 +388,11 @@ class BlockReader:
             failure, opened = exc.cause, False
         except Exception as exc:
             failure, opened = exc, True
-        error = self._unreadable(path, failure)  # out of the except: what it re-raises keeps its own traceback
+        error = self._policy.unreadable(path, failure)  # out of the except: what it re-raises keeps its own traceback
         if not opened:
             self._broken[index] = error
         self._policy(path, error)  # raises unless the policy skips it
         return Piece([], np.zeros(z - a, dtype=bool))
-
-    def _unreadable(self, path: str, exc: Exception) -> TidalError:
-        """What a reader raised, as a FormatError naming the file; re-raised as it is where no
-        policy may skip it (the network, a schema, a package not installed, the user's own stop, a
-        record under "raise")."""
-        policy = self._policy
-        if exc is policy.stopped or isinstance(exc, (SchemaError, StorageError, StateError, MissingDependency)):
-            raise exc
-        short = exhausted(exc)
-        if short is not None:  # the machine's fault, not the file's: never skipped
-            raise StorageError(f"{path}: out of {short} while reading it: {exc}") from exc
-        if isinstance(exc, TidalError):
-            if policy.errors == "raise":
-                raise exc
-            return exc
-        if not isinstance(exc, data_errors()):
-            raise exc  # not bad data: a bug, which no policy hides
-        error = FormatError(f"{path}: unreadable ({type(exc).__name__}): {exc}")
-        if policy.errors == "raise":
-            raise error from exc
-        return error
 
     def _open_reader(self, index: int) -> Reader:
         shard = self._plan.shards[index]
@@ -603,12 +422,7 @@ class BlockReader:
 
     def close(self) -> None:
         self._join()  # the block loading behind, if one is: it reads with the readers closed below
-        pool, self._pool = self._pool, None
-        try:
-            if pool is not None and pool[0] == os.getpid():
-                pool[1].shutdown(wait=True)  # a read in flight (the loop was interrupted) ends before its file closes
-        except Exception:  # the interpreter is exiting (its globals are gone): the threads were joined already
-            pass
+        self._threads.close()
         self._readers.close()
         self._block = None
         if self._remote is not None:

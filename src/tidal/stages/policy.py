@@ -13,8 +13,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tidal.errors import FormatError, TidalError
+from tidal.errors import FormatError, MissingDependency, SchemaError, StateError, StorageError, TidalError
 from tidal.formats import Errors
+from tidal.formats.bad_data import data_errors, exhausted
 
 log = logging.getLogger("tidal")
 
@@ -206,6 +207,26 @@ class Policy:
             self.logged.add(path)
             log.warning("skipping bad data: %s [more in this file is counted in stats(), not logged]", error)
         return True
+
+    def unreadable(self, path: str, exc: Exception) -> TidalError:
+        """What a reader raised, as a FormatError naming the file; re-raised as it is where no
+        policy may skip it (the network, a schema, a package not installed, the user's own stop, a
+        record under "raise")."""
+        if exc is self.stopped or isinstance(exc, (SchemaError, StorageError, StateError, MissingDependency)):
+            raise exc
+        short = exhausted(exc)
+        if short is not None:  # the machine's fault, not the file's: never skipped
+            raise StorageError(f"{path}: out of {short} while reading it: {exc}") from exc
+        if isinstance(exc, TidalError):
+            if self.errors == "raise":
+                raise exc
+            return exc
+        if not isinstance(exc, data_errors()):
+            raise exc  # not bad data: a bug, which no policy hides
+        error = FormatError(f"{path}: unreadable ({type(exc).__name__}): {exc}")
+        if self.errors == "raise":
+            raise error from exc
+        return error
 
     def replay(self, path: str, deferred: dict[str, list[TidalError]]) -> None:
         """Hand over what reading ``path`` in a thread skipped, in its order (a function may raise)."""

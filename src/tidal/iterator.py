@@ -14,7 +14,8 @@ from typing import Any
 
 from tidal.closing import close_dropped
 from tidal.errors import StateError
-from tidal.stages import Context, Locator, Origin, Stage, Unlocated
+from tidal.stages import Context, Stage
+from tidal.stages.locators import Locator, Origin, Unlocated
 from tidal.stages.weights import Live
 from tidal.state import keys as k
 from tidal.state.schema import check_dataset

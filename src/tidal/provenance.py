@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, overload
 
 from tidal.errors import ArgumentError, StateError
 from tidal.iterator import DatasetIterator
-from tidal.stages import Origin
 from tidal.stages.continuous import shared_rows
+from tidal.stages.locators import Origin
 from tidal.state import keys as k
 from tidal.state import schema
 from tidal.state.schema import ReaderState, Restored

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidal.stages import Batched, Context, Locator, StageIterator, Stateless, Step, Unlocated
+from tidal.stages import Context, StageIterator, Stateless, Step
+from tidal.stages.locators import Batched, Locator, Unlocated
 from tidal.state.view import View
 from tidal.tables import Table, columns, concat, length
 

@@ -35,8 +35,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tidal.errors import ArgumentError, StateError
-from tidal.stages import Context, Locator, Origin, Stage, StageIterator, Unlocated, add_stats
+from tidal.stages import Context, Stage, StageIterator, add_stats
 from tidal.stages.batch import Batch
+from tidal.stages.locators import Locator, Origin, Unlocated
 from tidal.state import keys as k
 from tidal.state.view import View
 from tidal.tables import Table, columns, concat

@@ -29,9 +29,10 @@ import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, FormatError, RecordError, SourceError, StateError
 from tidal.order import EpochOrder, Intervals, remainder, share
-from tidal.stages import Context, Declared, Locator, Origin, Stage, StageIterator, Unlocated
+from tidal.stages import Context, Declared, Stage, StageIterator
 from tidal.stages.blocks import BlockReader
 from tidal.stages.loaded import Block
+from tidal.stages.locators import Locator, Origin, Unlocated
 from tidal.stages.plan import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, ReadPlan
 from tidal.stages.policy import Policy
 from tidal.stages.transform import reference

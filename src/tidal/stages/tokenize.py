@@ -14,7 +14,8 @@ import numpy as np
 
 from tidal import env
 from tidal.errors import ArgumentError, ConfigError, FormatError, SourceError, needs
-from tidal.stages import Context, Kept, Locator, Needed, OneToOne, StageIterator, Stateless, add_stats
+from tidal.stages import Context, Needed, OneToOne, StageIterator, Stateless, add_stats
+from tidal.stages.locators import Kept, Locator
 from tidal.state.view import View
 from tidal.tables import Table, records
 

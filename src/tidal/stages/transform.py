@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.errors import ConfigError
-from tidal.stages import Context, Kept, Locator, OneToOne, StageIterator, Stateless, Step
+from tidal.stages import Context, OneToOne, StageIterator, Stateless, Step
+from tidal.stages.locators import Kept, Locator
 from tidal.state.view import View
 from tidal.tables import Table, keep, records
 

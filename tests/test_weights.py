@@ -535,3 +535,47 @@ def test_set_weights_reports_no_bad_record_twice(tmp_path: Path, loader: str) ->
     metrics = made.metrics()
     assert metrics["skipped"] == len(lines)
     assert metrics["records"] == metrics["records/web"] + metrics["records/code"]
+
+
+@pytest.mark.parametrize("set_weights", [False, True], ids=["as_drawn", "set_weights"])
+@pytest.mark.parametrize("loader", ["torch0", "torch2", "jax0", "jax2"])
+def test_a_reopened_stream_reports_its_bad_records_once_a_read(tmp_path: Path, loader: str, set_weights: bool) -> None:
+    """stop="all_exhausted" reopens a stream that ended (its next epoch) while the others go on: its
+    bad records are met again, and reach the errors function once each time they are read (as often
+    as the records beside them are yielded), set_weights restarts or not; metrics()['skipped']
+    counts every call, the reopened readers' too."""
+    rows: list[int | None] = [None, 1, 2, None, 3, 4, 5, 6, None, 7, 8, 9]  # None: not JSON
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "a.jsonl").write_text(
+        "".join("{not json\n" if i is None else json.dumps({"id": i}) + "\n" for i in rows)
+    )
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "b.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(100, 260)))
+    report = tmp_path / "reported.txt"
+    errors = functools.partial(_report, report)
+    streams = {name: tidal.Dataset(str(tmp_path / name), errors=errors) for name in "ab"}
+    ds = tidal.mix(streams, weights={"a": 1.0, "b": 1.0}, seed=3, stop="all_exhausted").batch(2)
+    workers = int(loader[-1])
+    if loader.startswith("jax"):
+        jax_loader = pytest.importorskip("tidal.jax")
+        made: Any = jax_loader.Loader(ds, num_workers=workers)
+    else:
+        made = tidal.DataLoader(ds, num_workers=workers)
+    changes = {3: {"a": 1.0, "b": 0.5}, 20: {"a": 0.5, "b": 1.0}} if set_weights else {}
+    yielded: dict[int, int] = {}
+    for step, batch in enumerate(made):
+        if step in changes:
+            made.set_weights(changes[step])
+        for i in np.asarray(batch["id"]).tolist():
+            yielded[i] = yielded.get(i, 0) + 1
+    lines = report.read_text().splitlines() if report.exists() else []
+    assert yielded[1] > 2, "stream a was not reopened"
+    for r, i in enumerate(rows):
+        if i is None:
+            after = next(j for j in rows[r + 1 :] if j is not None)
+            before = next((j for j in reversed(rows[:r]) if j is not None), after)
+            calls = lines.count(f"a.jsonl {r}")
+            assert yielded[after] <= calls <= max(yielded[before], yielded[after]), (r, calls, yielded)
+    metrics = made.metrics()
+    assert metrics["skipped"] == len(lines)
+    assert metrics["records"] == metrics["records/a"] + metrics["records/b"]

@@ -29,6 +29,7 @@ from tidal.errors import ArgumentError, ConfigError, StateError
 from tidal.order import rng
 from tidal.stages import Context, Joined, Locator, Stage, StageIterator, add_stats, walk
 from tidal.stages.batch import Batch
+from tidal.stages.policy import book_kept, reports_kept
 from tidal.stages.weights import in_force
 from tidal.state import keys as k
 from tidal.state.view import View
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 BLOCK = 1024
 COUNTED = 1024  # calls a mixture remembers its counts at (counts_at): a packing buffer's worth, many times over
 STOPS = ("first_exhausted", "all_exhausted", "never")
+NOT_COUNTERS = ("passed", "weights_in_force")  # in stats(): a position, weights: not kept past a stream's restart
 Weights = Mapping[str, float]
 
 
@@ -307,6 +309,8 @@ class MixIterator(StageIterator):
             streams = position.view(k.STREAMS)
             saved = {n: streams.view(n) for n in self._names}
         self._streams = {n: self._open(n, saved[n]) for n in self._names}
+        self._book = book_kept()  # where its readers record the bad records they report (set_weights)
+        self._spent: dict = {}  # the counters of the streams' readers closed to restart them
         self._parts: list[tuple[int, Locator]] = []  # where the items of the last table came from
         live = ctx.weights if not ctx.key else None  # weights set on a running loader: the top mixture's
         self._changes = live.attach(self._world.lane, self._world.lanes, self._names, self) if live else []
@@ -413,9 +417,13 @@ class MixIterator(StageIterator):
         stop = self._mix.stop
         if stop == "first_exhausted" or (stop == "all_exhausted" and self._ended >= set(self._names)):
             return False
-        self._streams[name].close()
+        ended = self._streams[name]
+        ended.close()
+        counters = {key: v for key, v in ended.stats().items() if key not in NOT_COUNTERS}
+        self._spent = add_stats(self._spent, counters)  # what it read and skipped still counts
         self._passes[name] += 1
-        self._streams[name] = self._open(name, None)
+        with reports_kept(self._book):  # its next epochs' readers record and skip as the others do
+            self._streams[name] = self._open(name, None)
         self._fresh.add(name)
         return True
 
@@ -466,7 +474,7 @@ class MixIterator(StageIterator):
             "tokens_per_stream": dict(self.tokens),
             "weights_in_force": self.weights_now(),
         }
-        return add_stats(*(s.stats() for s in self._streams.values()), mine)
+        return add_stats(self._spent, *(s.stats() for s in self._streams.values()), mine)
 
     def close(self) -> None:
         for s in self._streams.values():

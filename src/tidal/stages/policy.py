@@ -122,6 +122,12 @@ def reports_kept(book: Reports | None, process: bool = False) -> Iterator[None]:
         _held.book = was
 
 
+def book_kept() -> Reports | None:
+    """The reports readers opened here now record theirs in (see :func:`reports_kept`): a stage
+    that opens readers later (a mixture restarting a stream that ended) opens them in it again."""
+    return getattr(_held, "book", None) or _book_here
+
+
 class Policy:
     """One reader's ``errors`` policy: raises, or skips and remembers what it skipped.
 
@@ -139,7 +145,7 @@ class Policy:
         self.key = key  # the source key of the reader (see tidal.stages.Context.key)
         self.epoch = epoch  # the epoch the reader is in
         # what the readers this one replaces in the pass reported (set_weights): not again
-        self.book = None if quiet else (getattr(_held, "book", None) or _book_here)
+        self.book = None if quiet else book_kept()
         self.quiet = quiet  # a replay (tidal.stages.Context.replay): skipped as the run did, not reported again
         self.first: list[str] = []  # the first few errors skipped
         self.logged: set[str] = set()

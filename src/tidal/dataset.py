@@ -210,17 +210,7 @@ class Dataset:
         >>> ds.shuffle(seed=42, block_size=65_536, block_bytes=256 << 20)
         """
         self._before_batch("shuffle")
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ArgumentError(f"seed must be a non-negative int, not {seed!r}")
-        if isinstance(block_bytes, str):
-            block_bytes = parse_size(block_bytes)
-        for name, value in (
-            ("block_size", block_size),
-            ("shards_per_block", shards_per_block),
-            ("block_bytes", block_bytes),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ArgumentError(f"{name} must be an int of at least 1, not {value!r}")
+        block_bytes = parse_size(block_bytes) if isinstance(block_bytes, str) else block_bytes
         return self._then(self._stage.with_source(Shuffle(seed, block_size, shards_per_block, block_bytes)))
 
     def repeat(self, epochs: int | None = None) -> Dataset:
@@ -229,8 +219,6 @@ class Dataset:
         >>> ds.shuffle(seed=0).repeat()        # the infinite stream step-based training wants
         """
         self._before_batch("repeat")
-        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
-            raise ArgumentError(f"epochs must be at least 1 or None, not {epochs!r}")
         return self._then(self._stage.with_source(Repeat(epochs)))
 
     def map(self, fn: Callable[[Any], Any]) -> Dataset:
@@ -375,7 +363,7 @@ class Dataset:
 
     @property
     def batched(self) -> bool:
-        return any(s.batch_size() is not None for s in _main_line(self._stage))
+        return any(s.batch_size() is not None for s in self._stage.main_line())
 
     def records_per_batch(self) -> int | None:
         """How many source records every item holds, where that is fixed: plain records (1) or
@@ -461,16 +449,6 @@ class Dataset:
 def _given(src: Source) -> str | list[str]:
     """``src`` as the user gave it, as plain data (what ``to_config()`` writes)."""
     return os.fspath(src) if isinstance(src, (str, os.PathLike)) else [os.fspath(s) for s in src]
-
-
-def _main_line(stage: Stage) -> Iterator[Stage]:
-    """The stages of a chain down to its source or mixture, not into the mixed streams."""
-    while True:
-        yield stage
-        ups = stage.upstreams()
-        if len(ups) != 1:
-            return
-        stage = ups[0]
 
 
 def _register_with_torch() -> None:

@@ -70,14 +70,6 @@ READER_COUNTERS = [
 ]
 
 
-def _main_line(stage: Stage) -> list[Stage]:
-    """The stages of a chain down to its source or mixture (not into the mixed streams)."""
-    line = [stage]
-    while len(ups := line[-1].upstreams()) == 1:
-        line.append(ups[0])
-    return line
-
-
 def records_of(item: Any, batched: bool) -> int:
     """Records an item holds: the rows of a batch, else one."""
     if not batched:
@@ -115,9 +107,9 @@ class Marker:
         from tidal.stages.pack import Pack
 
         self._it = it
-        self._batched = any(s.batch_size() is not None for s in _main_line(it.stage))
+        self._batched = any(s.batch_size() is not None for s in it.stage.main_line())
         # pack(eos=...) above the mixture appends to each document a token no stream's record holds
-        self._eos = any(isinstance(s, Pack) and s.config.eos is not None for s in _main_line(it.stage))
+        self._eos = any(isinstance(s, Pack) and s.config.eos is not None for s in it.stage.main_line())
 
     def __call__(self, item: Any) -> Mark:
         drawn = self._it.streams()
@@ -135,7 +127,7 @@ def _plus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 
 def _first_weights(stage: Stage) -> dict[str, float]:
     """The weights a mixture on the main line of ``stage`` starts drawing with, by stream."""
-    for s in _main_line(stage):
+    for s in stage.main_line():
         weights = s.first_weights()
         if weights:
             return weights

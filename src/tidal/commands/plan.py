@@ -186,7 +186,7 @@ def _cache(plan: ReadPlan, limit: int | None, workers: int, ds: Dataset) -> dict
     files, and the continuous rows each worker streams (each a reader)."""
     from tidal.stages.continuous import ContinuousBatch, rows_per_reader
 
-    continuous = [s for s in _main_line(ds) if isinstance(s, ContinuousBatch)]
+    continuous = [s for s in ds.stage.main_line() if isinstance(s, ContinuousBatch)]
     lanes = rows_per_reader(continuous[0].size, workers) if continuous else 1
     if plan.storage is None:  # local data: no cache; sized as if the same files were remote
         return {"lanes": lanes}
@@ -201,14 +201,6 @@ def _cache(plan: ReadPlan, limit: int | None, workers: int, ds: Dataset) -> dict
         "streamable": streamable(shards).tolist(),
         "fixed": Cache(plan.storage.root, limit if limit is not None else plan.storage.limit).fixed(),
     }
-
-
-def _main_line(ds: Dataset) -> list:
-    """The stages of ``ds`` down to its source or mixture."""
-    line = [ds.stage]
-    while len(ups := line[-1].upstreams()) == 1:
-        line.append(ups[0])
-    return line
 
 
 def report(sim: Simulation, remote: bool, indent: str = "") -> str:

@@ -283,6 +283,13 @@ class Stage(ABC):
     def upstreams(self) -> tuple[Stage, ...]:
         return ()
 
+    def main_line(self) -> list[Stage]:
+        """This chain's stages down to its source or mixture, not into the mixed streams."""
+        line = [self]
+        while len(ups := line[-1].upstreams()) == 1:
+            line.append(ups[0])
+        return line
+
     # -- what the code above a chain asks of it: each stage answers for itself ----------
 
     def records_per_item(self) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from tidal.errors import ConfigError
+from tidal.errors import ArgumentError, ConfigError
 from tidal.stages import Context, Declared, Stage
 from tidal.stages.plan import DEFAULT_BLOCK_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_SHARDS_PER_BLOCK, ReadPlan
 from tidal.stages.read_iterator import ReadIterator
@@ -111,6 +111,14 @@ class Shuffle(Declared):
     shards_per_block: int = DEFAULT_SHARDS_PER_BLOCK
     block_bytes: int = DEFAULT_BLOCK_BYTES
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ArgumentError(f"seed must be a non-negative int, not {self.seed!r}")
+        for name in ("block_size", "shards_per_block", "block_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ArgumentError(f"{name} must be an int of at least 1, not {value!r}")
+
     def __call__(self, read: Read) -> Read:
         return Read(replace(read.plan, **asdict(self)))
 
@@ -122,6 +130,10 @@ class Repeat(Declared):
     METHOD = "repeat"
 
     epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs is not None and (not isinstance(self.epochs, int) or self.epochs < 1):
+            raise ArgumentError(f"epochs must be at least 1 or None, not {self.epochs!r}")
 
     def __call__(self, read: Read) -> Read:
         return Read(replace(read.plan, epochs=self.epochs))

@@ -10,7 +10,7 @@ from peers.packing import packed
 from peers.tidal import PARQUET
 
 if TYPE_CHECKING:
-    from peers.harness import Spec
+    from peers.spec import Spec
 
 COPIES: tuple[Copy, ...] = ()  # it reads tidal's Parquet copy
 

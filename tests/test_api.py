@@ -189,14 +189,3 @@ def test_reading_shuffled_batches_does_not_import_pandas(tmp_path: Path) -> None
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.split() == ["75", "False"], out.stderr
-
-
-def train_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
-    tok.train_from_iterator([f"record {i} of shard {i % 3}" for i in range(500)], trainer)
-    tok.save(str(path))

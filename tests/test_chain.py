@@ -13,7 +13,7 @@ import torch
 from conftest import make_shards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_pack import word_tokenizer
+from makers import word_tokenizer
 
 import tidal
 from tidal.testing import same

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import make_shards
+from makers import train_tokenizer
 from s3_server import KEY, REGION, SECRET, S3Server
-from test_api import train_tokenizer
 
 import tidal
 from tidal.cli import parser

@@ -14,8 +14,7 @@ import yaml
 from conftest import make_shards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_api import train_tokenizer
-from test_pack import word_tokenizer
+from makers import train_tokenizer, word_tokenizer
 
 import tidal
 from tidal.cli import main

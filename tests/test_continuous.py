@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import make_shards
-from test_pack import word_tokenizer, write_docs
+from makers import word_tokenizer, write_docs
 
 import tidal
 from tidal.state.elastic import progress

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_shards
-from test_api import train_tokenizer
+from makers import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

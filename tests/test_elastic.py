@@ -110,7 +110,7 @@ def test_ranks_saved_apart_merge_and_resume_on_more_ranks(tmp_path: Path, monkey
 
 @pytest.mark.parametrize("strategy", ["concat", "best_fit"])
 def test_packed_streams_resume_elastically_at_document_granularity(tmp_path: Path, strategy: str) -> None:
-    from test_pack import word_tokenizer, write_docs
+    from makers import word_tokenizer, write_docs
 
     docs = [[i] + [900 + (i * 7 + j) % 90 for j in range(3 + i % 25)] for i in range(400)]  # first token: its id
     ds = (

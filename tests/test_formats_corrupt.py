@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_formats_megatron import write_megatron
+from makers import write_megatron
 
 import tidal
 from tidal.formats.tokens import TokenWriter

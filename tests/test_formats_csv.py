@@ -5,17 +5,11 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from makers import ROWS, csv_bytes
 
 import tidal
 from tidal.formats import csv as tcsv
 from tidal.testing import assert_resumes_exactly
-
-ROWS = [{"id": i, "name": f"name {i}", "score": i / 4} for i in range(50)]
-
-
-def csv_bytes(rows: list[dict], sep: str = ",") -> bytes:
-    lines = [sep.join(rows[0])] + [sep.join(str(v) for v in r.values()) for r in rows]
-    return ("\n".join(lines) + "\n").encode()
 
 
 @pytest.mark.parametrize("name", ["a.csv", "a.tsv", "a.csv.gz", "a.csv.zst"])

@@ -8,34 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from makers import corpus, write_megatron
 
 import tidal
 from tidal.testing import assert_resumes_exactly
 
 pytest_plugins = ["s3_fixtures"]
-
-CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}
-
-
-def write_megatron(prefix: Path, documents: list[list[np.ndarray]], dtype: type = np.uint16) -> Path:
-    """``prefix.bin`` and ``prefix.idx``: each document a list of sequences, as Megatron's builder writes them."""
-    seqs = [s.astype(dtype) for doc in documents for s in doc]
-    lengths = np.array([len(s) for s in seqs], dtype="<i4")
-    ends = np.cumsum(lengths.astype(np.int64) * np.dtype(dtype).itemsize)
-    pointers = np.concatenate([[0], ends])[: len(seqs)].astype("<i8")  # one per sequence: none for an empty file
-    doc_index = np.concatenate([[0], np.cumsum([len(d) for d in documents])]).astype("<i8")
-    prefix.with_suffix(".bin").write_bytes(b"".join(s.tobytes() for s in seqs))
-    head = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, CODES[np.dtype(dtype)], len(seqs), len(doc_index))
-    prefix.with_suffix(".idx").write_bytes(head + lengths.tobytes() + pointers.tobytes() + doc_index.tobytes())
-    return prefix.with_suffix(".bin")
-
-
-def corpus(n_docs: int, seed: int = 0) -> list[list[np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [
-        [rng.integers(0, 50_000, int(rng.integers(1, 30))) for _ in range(int(rng.integers(1, 4)))]
-        for _ in range(n_docs)
-    ]
 
 
 def test_sequences_read_back_in_order(tmp_path: Path) -> None:

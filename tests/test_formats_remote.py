@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import mds_writer
-from test_formats_csv import ROWS, csv_bytes
-from test_storage_http import _Quiet
+from http_servers import Quiet
+from makers import ROWS, csv_bytes
 
 import tidal
 from tidal.formats.tokens import TokenWriter
@@ -40,7 +40,7 @@ def test_token_csv_arrow_and_mds_shards_over_http_read_like_local_ones(tmp_path:
     table = pa.table({"id": list(range(7))})
     with pa.OSFile(str(data / "b.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=3)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(data)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data)))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -77,7 +77,7 @@ def _formats(root: Path) -> dict[str, Path]:
     where the format keeps one (save_to_disk), and a parent holding two datasets of a kind."""
     import pyarrow.parquet as pq
     from conftest import write_jsonl
-    from test_formats_megatron import corpus, write_megatron
+    from makers import corpus, write_megatron
 
     out = {name: root / name for name in ("parquet", "jsonl", "text", "csv", "arrow", "webdataset", "tokens",
                                             "flat", "megatron", "saved")}  # fmt: skip
@@ -195,7 +195,7 @@ def test_a_remote_megatron_pair_reads_beside_a_local_index_served_with_it(
     data = formats["megatron"]
     local = tidal.Dataset(data)  # writes data/.tidal-index.json, which the server serves too
     assert (data / ".tidal-index.json").exists()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(data)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data)))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:

@@ -50,7 +50,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_formats_megatron import write_megatron
+from makers import write_megatron
 
 import tidal
 from tidal.formats.tokens import TokenWriter

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import transformers
-from test_pack import EOS, word_tokenizer, write_docs
+from makers import EOS, word_tokenizer, write_docs
 
 import tidal
 from tidal.hf import TidalTrainer

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_pack import EOS, word_tokenizer, write_docs
+from makers import EOS, word_tokenizer, write_docs
 
 import tidal
 

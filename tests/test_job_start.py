@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from conftest import read_index
-from fault_proxy import FaultProxy
+from fault_proxy import FaultProxy, Requests
 
 import tidal
 from tidal.sources.index_file import INDEX_NAME
@@ -31,39 +30,6 @@ pytest_plugins = ["s3_fixtures"]
 FILES = 200
 BLOCKS = {"block_size": 400, "shards_per_block": 4}  # 20 files of the 200 in a block
 SCRIPT = Path(__file__).parent / "distributed" / "run_start.py"
-
-
-class Requests:
-    """Every request through the proxy: (method, path, query, range header)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, str, str | None]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, method: str, target: str, headers: list[tuple[str, str]]) -> bool:
-        path, _, query = target.partition("?")
-        ranged = next((v for k, v in headers if k.lower() == "range"), None)
-        with self._lock:
-            self.seen.append((method, path, query, ranged))
-        return False  # counted here, never broken
-
-    def clear(self) -> None:
-        with self._lock:
-            self.seen.clear()
-
-    def lists(self) -> int:
-        return sum(
-            m == "GET" and ("list-type" in q or q.startswith("prefix") or "delimiter" in q) for m, _, q, _ in self.seen
-        )
-
-    def heads(self) -> int:
-        return sum(m == "HEAD" for m, *_ in self.seen)
-
-    def writes(self) -> list[tuple[str, str]]:
-        return [(m, p) for m, p, *_ in self.seen if m in ("PUT", "POST", "DELETE")]
-
-    def gets(self, suffix: str) -> list[tuple[str, str | None]]:
-        return [(p, r) for m, p, q, r in self.seen if m == "GET" and p.endswith(suffix) and "list-type" not in q]
 
 
 def jsonl_corpus(root: Path, files: int = FILES, per_file: int = 20) -> Path:

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_pack import EOS, word_tokenizer  # token k is the word "k"
+from makers import EOS, word_tokenizer  # token k is the word "k"
 
 import tidal
 

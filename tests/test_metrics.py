@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_pack import EOS, word_tokenizer, write_docs
+from makers import EOS, word_tokenizer, write_docs
 
 import tidal
 

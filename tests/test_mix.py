@@ -84,7 +84,7 @@ def test_mixing_resumes_exactly_before_and_after_batching(streams) -> None:
 
 
 def test_stats_count_records_and_tokens_per_stream(tmp_path: Path) -> None:
-    from test_pack import word_tokenizer, write_docs
+    from makers import word_tokenizer, write_docs
 
     docs = write_docs(tmp_path / "docs", [[1, 2, 3]] * 50, shards=2)
     tok = tidal.Dataset(docs).tokenize(word_tokenizer(), eos="<eos>")

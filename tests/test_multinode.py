@@ -22,8 +22,7 @@ from typing import Any
 import procs
 import pytest
 import zstandard
-from fault_proxy import FaultProxy
-from test_job_start import Requests
+from fault_proxy import FaultProxy, Requests
 
 import tidal
 

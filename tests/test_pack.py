@@ -9,29 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from makers import EOS, word_tokenizer, write_docs
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import tidal
 from tidal.stages.pack import IGNORE, cu_seqlens
 from tidal.testing import assert_resumes_exactly
-
-EOS = 1000
-
-
-def word_tokenizer() -> Tokenizer:
-    """Token k is the word "k": documents of numbers encode to exactly those numbers."""
-    vocab = {str(i): i for i in range(EOS)} | {"<eos>": EOS}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return tok
-
-
-def write_docs(root: Path, docs: list[list[int]], shards: int = 3) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for s in range(shards):
-        lines = [json.dumps({"text": " ".join(map(str, d))}) for d in docs[s::shards]]
-        (root / f"docs-{s}.jsonl").write_text("\n".join(lines) + "\n")
-    return root
 
 
 def stream_of(ds: tidal.Dataset) -> list[int]:

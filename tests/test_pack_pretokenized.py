@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_pack import EOS, word_tokenizer
+from makers import EOS, word_tokenizer
 
 import tidal
 from tidal.formats.tokens import TokenWriter

@@ -29,7 +29,7 @@ from typing import Any
 import procs
 import pytest
 from conftest import make_shards, write_jsonl
-from test_api import train_tokenizer
+from makers import train_tokenizer
 
 import tidal
 from tidal.testing import same

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from test_formats_megatron import write_megatron
+from makers import write_megatron
 
 import tidal
 

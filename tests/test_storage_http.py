@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.server
 import io
@@ -19,22 +18,18 @@ from typing import Any
 
 import pytest
 from conftest import make_shards, mds_writer, write_jsonl, write_parquet
+from http_servers import Logged, Quiet, serving
 
 import tidal
 from tidal.storage import Retry, Storage
 from tidal.storage.fs import Remote
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A directory of shards behind ``http://127.0.0.1:<free port>/``."""
     data = make_shards(tmp_path / "data", [10, 20, 5, 17])
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(data)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data)))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -61,15 +56,7 @@ def test_an_http_dataset_reads_like_the_local_one(served: tuple[str, Path], tmp_
     assert it.stats()["cache_misses"] == 4 and it.stats()["bytes_downloaded"] > 0
 
 
-class _Logged(_Quiet):
-    """Python's own file server (``Range`` ignored: a 200 with the whole file), each request logged."""
-
-    def send_head(self) -> Any:
-        self.server.seen.append((self.command, self.path, self.headers.get("Range")))  # type: ignore[attr-defined]
-        return super().send_head()
-
-
-class _Ranged(_Logged):
+class _Ranged(Logged):
     """A server that answers ``Range`` with ``206`` and those bytes alone, as object stores do."""
 
     def send_head(self) -> Any:
@@ -89,21 +76,6 @@ class _Ranged(_Logged):
         return io.BytesIO(body)
 
 
-@contextlib.contextmanager
-def serving(root: Path, handler: type = _Logged) -> Iterator[tuple[str, list]]:
-    """``root`` behind ``http://127.0.0.1:<free port>``, and the list of requests it answers."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    server.seen = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server.seen  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
 def big_corpus(root: Path) -> Path:
     """Parquet, JSON lines, and JSON lines of several parts (``PART`` bytes each): ids 0..2999."""
     make_shards(root, [1000], kinds=("parquet",))
@@ -116,7 +88,7 @@ def big_corpus(root: Path) -> Path:
 PART = 64 << 10  # Storage.part_size of these tests: 16 MiB in use, the same code paths
 
 
-@pytest.mark.parametrize("handler", [_Logged, _Ranged], ids=["ignores-range", "ranged"])
+@pytest.mark.parametrize("handler", [Logged, _Ranged], ids=["ignores-range", "ranged"])
 def test_a_server_that_ignores_range_is_read_whole_once_per_file_and_one_that_honours_it_in_parts(
     tmp_path: Path, handler: type
 ) -> None:
@@ -132,7 +104,7 @@ def test_a_server_that_ignores_range_is_read_whole_once_per_file_and_one_that_ho
         gets = {name: [r for m, p, r in seen if m == "GET" and p == f"/{name}"] for name in os.listdir(data)}
     gets = {name: got for name, got in gets.items() if not name.startswith(".")}
     size = (data / "part-002.jsonl").stat().st_size
-    if handler is _Logged:  # each file whole, in one GET, never retried (counting and reading share the copy)
+    if handler is Logged:  # each file whole, in one GET, never retried (counting and reading share the copy)
         assert len(gets["part-001.jsonl"]) == len(gets["part-002.jsonl"]) == 1, gets
         assert 1 <= len(gets["part-000.parquet"]) <= 2, gets  # its footer, whole, if counted before the others
     else:  # the Parquet file's footer, then the file; the large file in parts, each asked once

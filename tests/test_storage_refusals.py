@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 from conftest import make_shards
+from http_servers import serving
 from procs import free_port
-from test_storage_http import serving
 
 import tidal
 from tidal.storage import Retry, Storage

@@ -14,23 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_pack import EOS, word_tokenizer
+from makers import EOS, word_tokenizer, write_records
 
 import tidal
 from tidal.provenance import Replay
-
-
-def write_records(root: Path, shards: int = 3, per_shard: int = 40, offset: int = 0) -> Path:
-    """Records ``{"id", "text"}``: the text is numbers, so the word tokenizer encodes it to them."""
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(offset)
-    for s in range(shards):
-        lines = []
-        for i in range(per_shard):
-            words = rng.integers(0, EOS, rng.integers(1, 40)).tolist()
-            lines.append(json.dumps({"id": offset + s * 1000 + i, "text": " ".join(map(str, words))}))
-        (root / f"part-{s}.jsonl").write_text("\n".join(lines) + "\n")
-    return root
 
 
 def read_back(segment: dict) -> dict:

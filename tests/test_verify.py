@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_pack import word_tokenizer
-from test_trace import write_records
+from makers import word_tokenizer, write_records
 
 import tidal
 from tidal.cli import main

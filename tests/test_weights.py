@@ -132,7 +132,7 @@ def test_the_achieved_mixture_converges_to_the_new_weights(streams) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_packed_rows_resume_exactly_across_changes(streams, strategy, workers) -> None:
     """Packing buffers documents drawn before the change: they are drawn again the same, the rest anew."""
-    from test_pack import word_tokenizer
+    from makers import word_tokenizer
 
     mix = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0)
     ds = mix.tokenize(word_tokenizer(), eos="<eos>").pack(24, strategy, buffer_size=4).batch(4)
@@ -148,7 +148,7 @@ def test_packed_rows_resume_exactly_across_changes(streams, strategy, workers) -
 
 def tokenized(tmp_path: Path) -> dict[str, tidal.Dataset]:
     """Two streams whose tokens tell them apart: web's below 500, code's from 600."""
-    from test_pack import write_docs
+    from makers import write_docs
 
     rng = np.random.default_rng(0)
     web = write_docs(tmp_path / "web", [rng.integers(0, 500, rng.integers(2, 30)).tolist() for _ in range(400)])
@@ -159,7 +159,7 @@ def tokenized(tmp_path: Path) -> dict[str, tidal.Dataset]:
 def test_packed_rows_draw_anew_from_the_next_document(tmp_path: Path) -> None:
     """concat packing: the document in progress goes on, every later one is drawn under the new
     weights, though the packer had read 256 documents ahead under the old ones."""
-    from test_pack import EOS, word_tokenizer
+    from makers import EOS, word_tokenizer
 
     mix = tidal.mix(tokenized(tmp_path), weights={"web": 0.9, "code": 0.1}, seed=0)
     loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24).batch(4))
@@ -177,7 +177,7 @@ def test_packed_rows_draw_anew_from_the_next_document(tmp_path: Path) -> None:
 def test_best_fit_rows_come_from_its_buffer_until_used_up_and_metrics_say_so(tmp_path: Path) -> None:
     """best_fit plans its rows over its whole buffer: the rows cut from it keep the old weights, and
     weight/<stream> says so until the rows of the next buffer come."""
-    from test_pack import EOS, word_tokenizer
+    from makers import EOS, word_tokenizer
 
     mix = tidal.mix(tokenized(tmp_path), weights={"web": 0.9, "code": 0.1}, seed=0)
     loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24, "best_fit", buffer_size=8).batch(2))
@@ -250,7 +250,7 @@ def test_a_reader_replays_its_batches_from_a_state_alone(streams) -> None:
 def test_the_state_stays_small_however_often_weights_change(streams, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader keeps the changes its position needs; the state, the calls since the state before
     (for tidal state verify), at most calls.KEPT of them (here 10)."""
-    from test_pack import word_tokenizer
+    from makers import word_tokenizer
 
     from tidal.state import calls
 
@@ -412,7 +412,7 @@ def test_state_show_names_the_weights_in_force(streams, tmp_path: Path, capsys) 
 
 def test_state_show_of_a_packed_mixture_says_where_its_draws_are_counted(streams) -> None:
     """A packing stage's position holds the mixture's draws where its buffer began: 0 for a while."""
-    from test_pack import word_tokenizer
+    from makers import word_tokenizer
 
     mix = tidal.mix(streams, weights={"web": 0.9, "code": 0.1}, seed=0)
     loader = tidal.DataLoader(mix.tokenize(word_tokenizer(), eos="<eos>").pack(24).batch(4), num_workers=2)

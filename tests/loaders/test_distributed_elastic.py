@@ -36,7 +36,7 @@ from tidal.state.elastic import records_done
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_elastic.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_elastic.py"
 SIZES = [61, 17, 88, 45, 120, 9, 73, 30]  # 443 records, prime: no topology divides it
 N = sum(SIZES)
 KINDS = ("jsonl", "jsonl.zst", "parquet")

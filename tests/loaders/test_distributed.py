@@ -33,7 +33,7 @@ import tidal
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_loader.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_loader.py"
 SIZES = [37, 23, 0, 51, 9, 30, 17]  # 167 records: 167 % 6 == 5, 167 % 4 == 3, 167 // 6 == 27 (27 % 4 == 3)
 KINDS = ("jsonl", "jsonl.zst", "parquet", "jsonl.gz")  # shard 2: an empty Parquet file
 SEED = 7

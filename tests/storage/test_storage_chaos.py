@@ -39,7 +39,7 @@ from tidal.storage.eviction import footprint
 
 pytest_plugins = ["s3_fixtures"]
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 TOKEN = "session-token-that-must-stay-secret"
 SHUFFLE = {"seed": 11, "block_size": 120, "shards_per_block": 2}
 EPOCHS = 3

@@ -44,7 +44,7 @@ import tidal.ray  # noqa: E402  (after the skips: it needs torch and Ray)
 NODE = {"num_cpus": 1, "object_store_memory": 80 << 20}
 SMALL = {"num_cpus": 0.25}  # four readers on a node of one CPU
 SIZES = [137, 23, 151, 9, 130, 44, 118]  # 612 records
-SCRIPT = Path(__file__).parent / "distributed" / "run_ray.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_ray.py"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import tidal
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_uneven.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_uneven.py"
 
 
 def test_ranks_with_uneven_filtered_shares_end_each_pass_together(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from procs import Command, ProcessFailed, Tree, child_env, torchrun_argv
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_train.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_train.py"
 CYCLES = int(os.environ.get("TIDAL_CHAOS_CYCLES", "20"))  # docs/reliability.md quotes a run of 50 too
 TOPOLOGIES = [2, 2, 1, 2, 3, 2]  # ranks per cycle: every other resume is on another world size
 EPOCHS = 2  # as in run_train.py

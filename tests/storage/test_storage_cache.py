@@ -20,7 +20,7 @@ from tidal.storage.digests import default_algorithm, file_digest, hasher
 from tidal.storage.eviction import footprint
 from tidal.storage.stats import Stats
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def content(name: str, size: int) -> bytes:

@@ -460,7 +460,7 @@ def test_ranks_that_set_weights_at_other_steps_are_told_not_hung(tmp_path: Path)
     stream(tmp_path / "web", "web", 600), stream(tmp_path / "code", "code", 300)
     out = tmp_path / "out"
     out.mkdir()
-    script = Path(__file__).parent / "distributed" / "run_weights.py"
+    script = Path(__file__).parents[1] / "distributed" / "run_weights.py"
     args = [str(tmp_path / "web" / "web-*.jsonl"), str(tmp_path / "code" / "code-*.jsonl"), str(out), "0"]
     procs.torchrun(script, *args, nproc=2, env=procs.child_env(tmp_path / "cache"), timeout=150)  # killed, not hung
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]

@@ -35,7 +35,7 @@ import tidal  # noqa: E402
 import tidal.jax  # noqa: E402
 from tidal.world import World  # noqa: E402
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_jax.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_jax.py"
 TIMEOUT = 90
 SIZES = [37, 23, 51, 9, 30, 13]  # 163 records: 4 readers of 40 (10 batches of 4 each), 3 positions left over
 SHUFFLE = {"seed": 7, "block_size": 32, "shards_per_block": 2}

@@ -83,7 +83,7 @@ def test_the_loader_state_is_gathered_over_ranks_as_json(tmp_path: Path) -> None
     data = make_shards(tmp_path / "data", [30, 25, 20])
     out = tmp_path / "out"
     out.mkdir()
-    script = Path(__file__).parent / "distributed" / "run_gather.py"
+    script = Path(__file__).parents[1] / "distributed" / "run_gather.py"
     procs.torchrun(script, str(data), str(out), nproc=2, env=procs.child_env(tmp_path / "cache"))
     runs = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert runs[0]["state"] == runs[1]["state"]

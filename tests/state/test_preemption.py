@@ -18,7 +18,7 @@ from conftest import make_shards
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_preempted.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_preempted.py"
 
 
 def segments(pid: int) -> set[str]:

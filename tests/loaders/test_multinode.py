@@ -29,7 +29,7 @@ import tidal
 pytestmark = pytest.mark.slow
 pytest_plugins = ["s3_fixtures"]
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_nodes.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_nodes.py"
 SHARDS, PER_SHARD = 24, 40
 SETUP = {"seed": 3, "block_size": 80, "shards_per_block": 2, "batch": 8, "workers": 2}
 

@@ -22,7 +22,7 @@ from tidal.storage import Retry, Storage
 
 pytest_plugins = ["s3_fixtures"]
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 READER = """
 import json, sys

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).parent / "distributed" / "run_hang.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_hang.py"
 PER_RANK = 5  # main, escaped, orphan, 2 DataLoader workers
 
 

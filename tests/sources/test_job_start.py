@@ -29,7 +29,7 @@ pytest_plugins = ["s3_fixtures"]
 
 FILES = 200
 BLOCKS = {"block_size": 400, "shards_per_block": 4}  # 20 files of the 200 in a block
-SCRIPT = Path(__file__).parent / "distributed" / "run_start.py"
+SCRIPT = Path(__file__).parents[1] / "distributed" / "run_start.py"
 
 
 def jsonl_corpus(root: Path, files: int = FILES, per_file: int = 20) -> Path:

@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),  # from inside lightning and torch
 ]
 
-CLIENTS = Path(__file__).parent / "clients"
+CLIENTS = Path(__file__).parents[1] / "clients"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """GCS and Azure Blob keep S3's promises: real emulators on 127.0.0.1 (gcp-storage-emulator,
 Azurite), the real clients (gcsfs, adlfs), tidal's retries.
 
-What tests/test_storage_s3.py and the chaos tests check over S3, checked over each of them:
+What tests/storage/test_storage_s3.py and the chaos tests check over S3, checked over each of them:
 epochs, DataLoader workers, the cache bound, resumption, a missing object, and that a store
 that refuses connections is reported within the bound docs/remote.md gives, each try one
 request (the clients' own retry loops are off, so the ``retries`` stat counts them all).

@@ -17,7 +17,7 @@ from conftest import make_shards
 
 import tidal
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = Path(tidal.__file__).resolve().parent
 
 PUBLIC = [

@@ -14,7 +14,7 @@ older commit's ``src``), interleaved with this one, and checks that both print t
 The state: ``DataLoader.state_dict()`` of 1,024 ranks x 8 workers after 1,001 batches per rank
 of ``Dataset(corpus).shuffle(0).batch(8)`` over a sparse flat token file of 1 TiB (134 million
 rows of 4,096 token ids, nothing written), made as ``tidal state skip`` makes one (exact for
-plain batches, see ``tests/test_state_scale.py``), then again after an elastic restore onto
+plain batches, see ``tests/state/test_state_scale.py``), then again after an elastic restore onto
 1,024 x 7 and 37 batches more: JSON bytes per reader, and the time to make each (with
 ``--before``, for both trees).
 

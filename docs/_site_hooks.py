@@ -1,7 +1,7 @@
 """MkDocs hooks (``mkdocs.yml``): the site holds the pages of ``docs/`` and the two pages of the
 repository that they link to, ``CHANGELOG.md`` and ``bench/README.md``.
 
-Links are written for the repository, as GitHub shows the pages and as ``tests/test_docs.py``
+Links are written for the repository, as GitHub shows the pages and as ``tests/api/test_docs.py``
 checks them (``../bench/README.md`` from ``docs/``); each is mapped here to where its target
 sits on the site. A link to anything else is left as written, for ``--strict`` to report.
 """

@@ -336,3 +336,36 @@ class FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Requests:
+    """Every request through the proxy: (method, path, query, range header). An ``only`` that breaks none."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, str | None]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, method: str, target: str, headers: list[tuple[str, str]]) -> bool:
+        path, _, query = target.partition("?")
+        ranged = next((v for k, v in headers if k.lower() == "range"), None)
+        with self._lock:
+            self.seen.append((method, path, query, ranged))
+        return False  # counted here, never broken
+
+    def clear(self) -> None:
+        with self._lock:
+            self.seen.clear()
+
+    def lists(self) -> int:
+        return sum(
+            m == "GET" and ("list-type" in q or q.startswith("prefix") or "delimiter" in q) for m, _, q, _ in self.seen
+        )
+
+    def heads(self) -> int:
+        return sum(m == "HEAD" for m, *_ in self.seen)
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [(m, p) for m, p, *_ in self.seen if m in ("PUT", "POST", "DELETE")]
+
+    def gets(self, suffix: str) -> list[tuple[str, str | None]]:
+        return [(p, r) for m, p, q, r in self.seen if m == "GET" and p.endswith(suffix) and "list-type" not in q]

@@ -1,4 +1,4 @@
-"""One process of an HF Accelerate training loop over a tidal.DataLoader, for tests/test_clients.py.
+"""One process of an HF Accelerate training loop over a tidal.DataLoader, for tests/loaders/test_clients.py.
 
 Run under torchrun: ``run_accelerate.py DATA OUT run`` trains on every batch of one epoch and
 saves the Accelerate state after 7 batches; ``... resume`` loads that state and trains on the

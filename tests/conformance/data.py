@@ -239,7 +239,7 @@ def _tokens(root: Path, files: list[list[int | None]]) -> dict[str, list[int | N
 
 
 def _megatron(root: Path, files: list[list[int | None]]) -> dict[str, list[int | None]]:
-    from test_formats_megatron import write_megatron
+    from makers import write_megatron
 
     out = {}
     for k, ids in enumerate(files):

@@ -1,4 +1,4 @@
-"""One rank of a run whose loader state is gathered without pickle, for tests/test_discover.py.
+"""One rank of a run whose loader state is gathered without pickle, for tests/sources/test_discover.py.
 
 ``run_gather.py DATA OUT`` under torchrun: ``torch.distributed``'s object collectives (which
 pickle what they send and unpickle what they receive) raise here, so ``state_dict()`` must

@@ -1,4 +1,4 @@
-"""A training process that never ends, for tests/test_procs.py: the harness must kill all it left.
+"""A training process that never ends, for tests/loaders/test_procs.py: the harness must kill all it left.
 
 Run as ``python run_hang.py OUT`` (under ``torch.distributed.run`` or as a plain process given
 RANK). It starts three kinds of processes that a ``killpg`` of its launcher misses: a child

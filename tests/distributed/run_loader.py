@@ -1,4 +1,4 @@
-"""One training process for tests/test_distributed.py: iterate tidal.DataLoader jobs, write what it saw.
+"""One training process for tests/loaders/test_distributed.py: iterate tidal.DataLoader jobs, write what it saw.
 
 Run as ``python run_loader.py CONFIG.json``: under ``torch.distributed.run`` (the config says
 ``"dist": true``; the process joins a gloo group and removes RANK/WORLD_SIZE from its

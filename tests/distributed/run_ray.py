@@ -1,4 +1,4 @@
-"""One rank for tests/test_ray.py: 2 ranks (torchrun) x 2 tidal.ray readers each, on the test's Ray cluster.
+"""One rank for tests/loaders/test_ray.py: 2 ranks (torchrun) x 2 tidal.ray readers each, on the test's Ray cluster.
 
 Run as ``python run_ray.py CONFIG.json`` under ``torch.distributed.run``: the rank joins a gloo
 group, connects to the cluster at ``config["address"]``, and iterates

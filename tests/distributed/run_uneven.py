@@ -1,4 +1,4 @@
-"""One rank of a DDP-like loop over a finite, filtered dataset, for tests/test_distributed_uneven.py.
+"""One rank of a DDP-like loop over a finite, filtered dataset, for tests/loaders/test_distributed_uneven.py.
 
 ``run_uneven.py DATA OUT`` under torchrun: every step does an all_reduce, as DDP's backward
 does, so a rank with a batch more than another would wait forever. Writes the ids of its

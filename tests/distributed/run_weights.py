@@ -1,4 +1,4 @@
-"""One rank of a training loop that sets mixture weights live, for tests/test_weights.py.
+"""One rank of a training loop that sets mixture weights live, for tests/stages/test_weights.py.
 
 ``run_weights.py WEB CODE OUT WORKERS`` under torchrun: every training step is a batch and an
 all_reduce (what DDP does with the gradients), so a rank that waited in a collective of its own

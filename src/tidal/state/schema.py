@@ -38,7 +38,7 @@ a :class:`View` (its position is each stage's own), so it is not typed further h
 
 
 # The rank state, the part of a loader state a loader changes batch by batch, typed. Its keys
-# are those of tidal.state.keys (tests/test_ledger.py holds them equal), spelled out as
+# are those of tidal.state.keys (tests/state/test_ledger.py holds them equal), spelled out as
 # TypedDict needs; the code indexes it with the names of tidal.state.keys, as any state.
 class RankCounts(TypedDict):
     """What a rank's training loop consumed: ``batches`` and ``tokens`` (``input_ids``)."""

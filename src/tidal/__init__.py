@@ -58,7 +58,7 @@ __all__ = [
     "trace",
 ]
 
-__version__ = "0.1.0"
+from tidal.version import __version__ as __version__
 
 
 def __getattr__(name: str) -> Any:

@@ -280,7 +280,7 @@ class Loader:
         from the last batch consumed). Call it on every process after the same number of batches
         with the same weights: it is no collective, and the next ``state_dict()`` (which gathers
         every process's calls) names the processes that differ in an :class:`~tidal.ArgumentError`."""
-        self._ledger.set_weights(live.for_stage(self.dataset.stage, weights))
+        self._ledger.set_weights(live.for_streams(self.dataset.stage.mixed_streams(), weights))
         if self._early is not None:  # started under the old weights: again, under these
             self._start_early()
 

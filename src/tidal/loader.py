@@ -25,6 +25,11 @@ The workers start when the loader is built and again when it is given a state
 batches are on their way while the script restores its model. ``iter()`` takes that start only
 if it is where it would start itself: the same ranks (read again then) and the same position
 and weights; else it drops it (its workers killed at once) and starts afresh.
+
+The one module over 500 lines, by choice: it is one object, whose parts (starting its workers,
+early or not, the round robin over them, its state, ``set_weights``, its metrics) share its ledger
+and its pass; what stands alone already lives elsewhere (:mod:`tidal.transport`,
+:mod:`tidal.state`, :mod:`tidal.metrics`).
 """
 
 from __future__ import annotations
@@ -396,7 +401,7 @@ class DataLoader(torch.utils.data.DataLoader):
         :class:`~tidal.ArgumentError`. A dataset without
         ``tidal.mix``, unknown names, negative or all-zero weights are an :class:`~tidal.ArgumentError`.
         """
-        self._ledger.set_weights(live.for_stage(self.tidal_dataset.stage, weights))
+        self._ledger.set_weights(live.for_streams(self.tidal_dataset.stage.mixed_streams(), weights))
         if self._early is not None:  # started under the old weights: again, under these
             self._start_early()
 

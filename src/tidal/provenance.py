@@ -17,7 +17,7 @@ opened where the state puts it (on another topology: where an elastic restore pu
 the batches are taken round robin from the worker whose turn it is, as the loader takes them
 (continuous rows shared by workers: one batch of every worker side by side). It reads only
 what those batches need (a restore re-reads at most one shuffle block, packing tokenizes the
-documents it packs). Provenance rides alongside the items (:class:`tidal.stages.Origin`): a
+documents it packs). Provenance rides alongside the items (:class:`tidal.stages.locators.Origin`): a
 stage works it out only when opened with ``trace=True``, so a training loop pays nothing.
 
 A state saved by a loader that batched the dataset itself (``tidal.DataLoader(ds,

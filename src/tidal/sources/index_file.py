@@ -222,14 +222,14 @@ def scanner() -> str:
     (:func:`holds_together`)."""
     import pyarrow
 
-    import tidal
-    import tidal.formats
+    import tidal.formats as formats
+    from tidal.version import __version__
 
     code = hashlib.sha1()
-    where = Path(tidal.formats.__file__).parent
+    where = Path(formats.__file__).parent
     for path in sorted(where.glob("*.py")):
         code.update(path.name.encode() + b"\0" + path.read_bytes())
-    return f"tidal {tidal.__version__} (readers {code.hexdigest()[:12]}, pyarrow {pyarrow.__version__})"
+    return f"tidal {__version__} (readers {code.hexdigest()[:12]}, pyarrow {pyarrow.__version__})"
 
 
 def holds_together(

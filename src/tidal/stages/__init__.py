@@ -43,12 +43,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tidal.errors import ConfigError, RecordError, SchemaError
-
-# Joined, Origin, Traced: handed on until stages/pack.py and stages/mix.py import them from their home
-from tidal.stages.locators import Joined as Joined
 from tidal.stages.locators import Locator, Unlocated
-from tidal.stages.locators import Origin as Origin
-from tidal.stages.locators import Traced as Traced
 from tidal.state.view import View
 from tidal.tables import Table, records
 from tidal.world import World

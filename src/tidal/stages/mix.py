@@ -27,8 +27,9 @@ import numpy as np
 
 from tidal.errors import ArgumentError, ConfigError, StateError
 from tidal.order import rng
-from tidal.stages import Context, Joined, Locator, Stage, StageIterator, add_stats, walk
+from tidal.stages import Context, Locator, Stage, StageIterator, add_stats, walk
 from tidal.stages.batch import Batch
+from tidal.stages.locators import Joined
 from tidal.stages.policy import book_kept, reports_kept
 from tidal.stages.weights import in_force
 from tidal.state import keys as k

@@ -21,13 +21,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tidal.errors import ArgumentError, StateError, TidalError
 from tidal.state import keys as k
-
-if TYPE_CHECKING:
-    from tidal.stages import Stage
 
 Change = tuple[int, dict[str, float]]
 """From this reader's draw ``[0]`` on, the weights ``[1]``."""
@@ -197,9 +194,9 @@ def _draws(position: Any) -> list[int]:
     return []
 
 
-def for_stage(stage: Stage, weights: Any) -> dict[str, float]:
-    """``weights`` checked for the top mixture of a chain (``loader.set_weights``)."""
-    names = stage.mixed_streams()
+def for_streams(names: list[str] | None, weights: Any) -> dict[str, float]:
+    """``weights`` checked for the streams of a chain's top mixture, ``stage.mixed_streams()``
+    (``loader.set_weights``)."""
     if names is None:
         raise ArgumentError("set_weights(): this dataset has no mixture; build it with tidal.mix(...)")
     return checked(weights, names)

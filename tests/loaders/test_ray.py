@@ -244,6 +244,49 @@ def test_mixture_weights_set_live_and_a_reader_killed_keep_the_local_batches_and
     assert loader.state_dict() == local_loader.state_dict()
 
 
+def _report(path: Path, error: Exception) -> None:
+    """An errors= function whose calls outlive the readers (Ray actors, workers): a line each, in ``path``."""
+    with open(path, "a") as f:
+        f.write(f"{Path(getattr(error, 'path', '')).name} {getattr(error, 'row', None)}\n")
+
+
+def test_set_weights_reports_each_bad_record_as_often_as_the_local_workers(tmp_path: Path, cluster: Any) -> None:
+    """set_weights reopens the actors behind where they had read ahead: the bad records they had met
+    reach the errors function (and metrics()['skipped']) as often as with tidal.DataLoader's workers:
+    once each. (Only "web" has bad records and is read to its end, which ends the pass: how far
+    readers read ahead of the last batch, which differs between runs, decides no report.)"""
+    streams = {}
+    for name, n in (("web", 300), ("code", 200)):
+        root = tmp_path / name
+        root.mkdir()
+        for s in range(2):
+            lines = [
+                "{not json" if i % 7 == 3 and name == "web" else json.dumps({"id": i + (1000 if name == "code" else 0)})
+                for i in range(s, n, 2)
+            ]
+            (root / f"{name}-{s}.jsonl").write_text("\n".join(lines) + "\n")
+        streams[name] = root
+
+    def run(make: Any, report: Path) -> tuple[Counter, Any]:
+        errors = functools.partial(_report, report)
+        mixed = {
+            n: tidal.Dataset(str(r / f"{n}-*.jsonl"), errors=errors).shuffle(3, block_size=16)
+            for n, r in streams.items()
+        }
+        loader = make(tidal.mix(mixed, weights={"web": 0.5, "code": 0.5}, seed=0).batch(4))
+        changes = {3: {"web": 0.9, "code": 0.1}, 8: {"web": 1.0, "code": 0.0}}
+        for step, _ in enumerate(loader):
+            if step in changes:
+                loader.set_weights(changes[step])
+        return Counter(report.read_text().splitlines() if report.exists() else []), loader
+
+    want, _ = run(lambda ds: local(ds, 2), tmp_path / "local.txt")
+    got, loader = run(lambda ds: on_ray(ds, 2), tmp_path / "ray.txt")
+    assert want == Counter(f"web-{i % 2}.jsonl {i // 2}" for i in range(300) if i % 7 == 3)
+    assert got == want
+    assert loader.metrics()["skipped"] == sum(got.values())
+
+
 def test_two_ranks_under_torchrun_with_two_readers_each_read_as_two_workers_each(
     tmp_path: Path, cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

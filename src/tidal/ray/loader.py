@@ -28,6 +28,7 @@ from tidal.errors import ArgumentError, needs
 from tidal.loader import DataLoader as LocalLoader
 from tidal.loader import _Early
 from tidal.stages.continuous import shared_rows
+from tidal.stages.policy import HeldReports, Reports
 from tidal.state.ledger import Ledger
 from tidal.transport.actors import FIXED_OPTIONS, Actors, Session, remote_reader
 from tidal.transport.bundles import Bundle, check_pickles, numeric, prepare
@@ -63,6 +64,19 @@ def as_torch(bundle: Bundle) -> TorchBundle:
     else:
         new.items = [prepare(item, _writable) for item in bundle.items or []]
     return new
+
+
+class _ActorReports(HeldReports):
+    """The bad records a pass's Ray readers reported: each actor keeps its own (the training
+    machine's folder of :class:`~tidal.stages.policy.Reports` is out of other nodes' reach), and
+    :meth:`gathered` asks the live ones (``set_weights``: the loop has stopped fetching)."""
+
+    def __init__(self, actors: Actors, before: frozenset[tuple[str, int, str, int]]):
+        super().__init__(before)
+        self._actors = actors
+
+    def gathered(self) -> Reports:
+        return HeldReports(self._actors.reported())
 
 
 class DataLoader(LocalLoader):
@@ -165,8 +179,14 @@ class DataLoader(LocalLoader):
         """This rank's readers, each opened at the ledger's reader state."""
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # torch's iterator's draw, as locally
         ledger = self._ledger
+        carried, self._reports_carried = self._reports_carried, None  # set_weights: what the replaced reported
         return self._launch_actors(
-            self._stream.ranks, ledger.readers, ledger.first_epoch(), ledger.origin, ledger.weights
+            self._stream.ranks,
+            ledger.readers,
+            ledger.first_epoch(),
+            ledger.origin,
+            ledger.weights,
+            reported=carried.before if carried is not None else frozenset(),
         )
 
     def _launch_actors(
@@ -177,9 +197,11 @@ class DataLoader(LocalLoader):
         origin: dict | None,
         weights: dict | None,
         ask: bool = True,
+        reported: frozenset[tuple[str, int, str, int]] = frozenset(),
     ) -> Session:
         """The readers opened for a pass: the actors of the last pass where they are (opened again,
-        not started again: an actor takes seconds to start), else new ones. ``ask``: they read now."""
+        not started again: an actor takes seconds to start), else new ones. ``ask``: they read now.
+        ``reported``: the bad records the readers they replace in the pass reported (``set_weights``)."""
         if self._actors is None or self._actors.closed:
             self._actors = Actors(
                 self.tidal_dataset,
@@ -189,7 +211,9 @@ class DataLoader(LocalLoader):
                 timeout=self._reader_timeout,
                 convert=self._as_torch,
             )
-        return self._actors.start(ranks, readers, first_epoch, origin, weights, ask)
+        session = self._actors.start(ranks, readers, first_epoch, origin, weights, ask, reported)
+        self._stream.reports = _ActorReports(self._actors, reported)  # gathered by a set_weights restart
+        return session
 
     def _start_early(self) -> None:
         """Start the readers' actors now, opened where the next ``iter()`` continues (``start_early``),

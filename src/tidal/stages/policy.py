@@ -90,6 +90,29 @@ class Reports:
                 os.unlink(os.path.join(self.directory, name))
 
 
+class HeldReports(Reports):
+    """:class:`Reports` kept in this process's memory: a ``tidal.ray`` reader's actor, which the
+    training machine's folder is out of reach of, records its reports here for the actor's life,
+    and :meth:`made` hands them back as plain data (``[key, epoch, path, row]`` lists)."""
+
+    def __init__(self, before: frozenset[tuple[str, int, str, int]] = frozenset()):
+        super().__init__("", "", before)
+        self._made: set[tuple[str, int, str, int]] = set()
+
+    def add(self, key: tuple[str, int, str, int]) -> None:
+        self._made.add(key)
+
+    def made(self) -> list[list[Any]]:
+        """What the readers recording here reported (``before`` left out), as JSON-able lists."""
+        return [list(key) for key in sorted(self._made)]
+
+    def gathered(self) -> Reports:
+        return HeldReports(self.before | frozenset(self._made))
+
+    def clear(self) -> None:
+        self._made.clear()
+
+
 _directory: str | None = None  # this process's folder of Reports files (removed at exit)
 
 

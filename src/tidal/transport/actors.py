@@ -44,6 +44,7 @@ import numpy as np
 from tidal.errors import StateError, StorageError, needs
 from tidal.metrics import Mark, Streams
 from tidal.stages import add_stats
+from tidal.stages.policy import HeldReports, reports_kept
 from tidal.state import schema
 from tidal.transport.bundles import Bundle, bundles
 from tidal.transport.pool import _Failure
@@ -84,14 +85,28 @@ class Reader:
         self._chunk = chunk
         self._open: tuple | None = None
         self._made: Iterator[Bundle] | None = None
+        self._book = HeldReports()  # the bad records it reported since opened (kept in this actor)
 
     def open(
-        self, world: World, state: dict | None, first_epoch: int, origin: dict | None, weights: dict | None
+        self,
+        world: World,
+        state: dict | None,
+        first_epoch: int,
+        origin: dict | None,
+        weights: dict | None,
+        reported: list[list[Any]] | None = None,
     ) -> None:
-        """Read, from the next call on, as reader ``world.worker`` of rank ``world.rank`` from ``state``."""
+        """Read, from the next call on, as reader ``world.worker`` of rank ``world.rank`` from ``state``.
+        ``reported``: the bad records the readers it replaces in the pass reported (``set_weights``,
+        see :class:`tidal.stages.policy.Reports`), as :meth:`reported` lists them: not again."""
         if self._made is not None:
             getattr(self._made, "close", lambda: None)()  # (a generator: its files closed)
         self._open, self._made = (world, state, first_epoch, origin, weights), None
+        self._book = HeldReports(frozenset((str(a), int(b), str(c), int(d)) for a, b, c, d in reported or ()))
+
+    def reported(self) -> list[list[Any]]:
+        """The bad records this reader reported since it was opened, as ``[source key, epoch, path, row]``."""
+        return self._book.made()
 
     def next(self) -> Bundle | _Failure | None:
         """The next bundle; an error raised reading, as data; None after the last bundle."""
@@ -101,7 +116,8 @@ class Reader:
                 _threads_of_this_reader()
                 world, state, first_epoch, origin, weights = self._open
                 where = schema.reader_where(world.rank, world.worker)
-                it = self._dataset.iterator(world, state, first_epoch, origin, where, weights)
+                with reports_kept(self._book, process=True):  # (the actor's one reader, its threads too)
+                    it = self._dataset.iterator(world, state, first_epoch, origin, where, weights)
                 self._made = bundles(it, world.worker, True, _contiguous, self._chunk)
             return next(self._made)
         except StopIteration:
@@ -191,6 +207,7 @@ class Actors:
         self._base_stats: list[dict] = [{} for _ in range(readers)]  # counters of the readers it replaced
         self._base_streams: list[Streams | None] = [None] * readers
         self._lost = [0] * readers  # times replaced since its last bundle
+        self._reported: frozenset[tuple[str, int, str, int]] = frozenset()  # reported before the pass's readers
         self.session = 0  # the pass the readers read for (Session)
         self.closed = False
 
@@ -207,14 +224,17 @@ class Actors:
         origin: dict | None,
         weights: dict | None,
         ask: bool = True,
+        reported: frozenset[tuple[str, int, str, int]] = frozenset(),
     ) -> Session:
         """Open every reader for a pass as rank ``ranks``, reader ``w`` from ``states[w]`` (None: the
         start of its share); the session fetches their bundles. ``ask``: ask each for its first
         bundle now (else at the session's first ``fetch``: nothing is read, so nothing is reported
         of bad data, for a pass that may be dropped). Calls of an earlier pass still running are
-        answered and dropped (a reader opened again finishes them first)."""
+        answered and dropped (a reader opened again finishes them first). ``reported``: the bad
+        records the readers they replace in the pass reported (:meth:`reported`): not again."""
         self.park()
         self.session += 1
+        self._reported = reported
         self._rank, self._opened = ranks.rank, (first_epoch, origin, weights)
         self._worlds = [ranks.with_worker(w, self._n) for w in range(self._n)]
         self._last = list(states)
@@ -229,7 +249,8 @@ class Actors:
 
     def _open(self, w: int, ask: bool = True) -> None:
         handle = self._handles[w]
-        handle.open.remote(self._worlds[w], self._last[w], *self._opened)
+        reported = [list(key) for key in sorted(self._reported)]
+        handle.open.remote(self._worlds[w], self._last[w], *self._opened, reported)
         self._pending[w] = deque([handle.next.remote()] if ask else [])
 
     def fetch(self, w: int) -> Bundle:
@@ -261,6 +282,20 @@ class Actors:
             if self._eager and not bundle.end:
                 pending.append(self._handles[w].next.remote())
             return self._convert(bundle)
+
+    def reported(self) -> frozenset[tuple[str, int, str, int]]:
+        """The bad records reported in the pass: those its readers were opened with, and those each
+        live reader reported since (asked after the calls it was sent: what it read ahead counts).
+        A reader that died took its own with it (its replacement was opened with those before)."""
+        ray = self._ray
+        got = set(self._reported)
+        calls = [handle.reported.remote() for handle in self._handles]
+        for call in calls:
+            try:
+                got.update((str(a), int(b), str(c), int(d)) for a, b, c, d in ray.get(call, timeout=self._timeout))
+            except (ray.exceptions.RayError, TimeoutError):  # dead, or not answering: its reports are lost
+                continue
+        return frozenset(got)
 
     def _received(self, w: int, bundle: Bundle) -> Bundle:
         """Note where reader ``w`` stands after ``bundle``; a replacement's counters go on from its predecessor's."""

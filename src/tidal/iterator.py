@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tidal.closing import close_dropped
-from tidal.errors import StateError
+from tidal.errors import StateError, TidalError
 from tidal.stages import Context, Stage
 from tidal.stages.locators import Locator, Origin, Unlocated
 from tidal.stages.weights import Live
@@ -100,6 +100,9 @@ class DatasetIterator(Iterator[Any]):
                 self._located = self._top.locate()
         except StopIteration:
             self._chunk, self._done = [], True
+        except TidalError:
+            self.close()  # the pass ends here: its files close now, not when the iterator is collected
+            raise
         self._at = 0
 
     def __next__(self) -> Any:

@@ -95,8 +95,11 @@ def test_a_package_installed_but_broken_is_not_called_missing(monkeypatch: pytes
 def test_a_remote_url_without_its_filesystem_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """s3:// without s3fs (nor obstore): MissingDependency, not retried as a store's error nor
     wrapped in a StorageError."""
+    from tidal.storage import clients
+
     for name in ("s3fs", "obstore", "obstore.fsspec"):
         monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(clients._TidalS3, "_cls", None)  # as on a machine where s3fs was never imported
     with pytest.raises(
         tidal.MissingDependency, match=r"s3fs package, which is not installed: pip install 'tidal\[s3\]'"
     ):

@@ -63,7 +63,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Two test processes (pytest-xdist), each module in one of them (its fixtures made once): most
-# tests wait on processes they start, so two fit 2 cores; the suite takes ~13 minutes, not ~20.
+# tests wait on processes they start, so two fit 2 cores; the suite takes ~18 minutes, not ~25.
 TEST_PROCESSES ?= 2
 
 test: lint

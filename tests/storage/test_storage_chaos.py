@@ -12,8 +12,6 @@ import ast
 import contextlib
 import ctypes
 import errno
-import functools
-import http.server
 import json
 import logging
 import os
@@ -30,6 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import make_shards
 from fault_proxy import FaultProxy
+from http_servers import Quiet, serving
 from s3_server import KEY, SECRET, S3Server
 
 import tidal
@@ -416,21 +415,9 @@ def test_credentials_never_appear_in_errors_logs_or_loader_state(
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A directory of shards behind ``http://127.0.0.1:<free port>/``, which ignores query strings."""
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
     data = make_shards(tmp_path / "data", [10, 20, 5], kinds=("jsonl",))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", data
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(data, Quiet) as (url, _):
+        yield url, data
 
 
 def test_signed_urls_never_appear_in_errors_logs_or_loader_state(

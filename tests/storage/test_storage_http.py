@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
 import io
 import json
 import os
 import random
 import re
 import shutil
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,15 +26,8 @@ from tidal.storage.fs import Remote
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A directory of shards behind ``http://127.0.0.1:<free port>/``."""
     data = make_shards(tmp_path / "data", [10, 20, 5, 17])
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", data
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(data, Quiet) as (url, _):
+        yield url, data
 
 
 def test_an_http_dataset_reads_like_the_local_one(served: tuple[str, Path], tmp_path: Path) -> None:

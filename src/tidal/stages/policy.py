@@ -6,8 +6,6 @@ import atexit
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -120,6 +118,9 @@ def fresh_reports() -> Reports:
     """The reports of a pass about to start: none yet."""
     global _directory
     if _directory is None or not os.path.isdir(_directory):
+        import shutil  # only for a loader's passes: not at `import tidal`
+        import tempfile
+
         _directory = tempfile.mkdtemp(prefix="tidal-reports-")
         atexit.register(shutil.rmtree, _directory, True)
     return Reports(_directory, uuid.uuid4().hex)

@@ -87,3 +87,23 @@ def mds_writer() -> type:
 def shards(tmp_path: Path) -> Path:
     """Nine shards of unequal sizes (130 records) in three formats."""
     return make_shards(tmp_path / "data", [5, 23, 1, 17, 30, 2, 11, 29, 12])
+
+
+_watchdog = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
+    """A test about to time out prints the stacks of the processes it started (tests/hang_dump.py)."""
+    global _watchdog
+    if _watchdog is None:
+        from hang_dump import Watchdog
+
+        _watchdog = Watchdog()
+    marker = item.get_closest_marker("timeout")
+    timeout = marker.args[0] if marker is not None and marker.args else item.config.getini("timeout")
+    _watchdog.running(item.nodeid, float(timeout or 0))
+    try:
+        yield
+    finally:
+        _watchdog.running(None)

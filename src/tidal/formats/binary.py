@@ -8,11 +8,11 @@ dependency leaves a format module.
 from __future__ import annotations
 
 import mmap
-import threading
 from typing import IO, Any
 
 import numpy as np
 
+from tidal import fork_safe
 from tidal.errors import FormatError, StorageError
 from tidal.formats import codecs
 
@@ -99,7 +99,7 @@ def open_stream(path: str, src: Any) -> IO[bytes]:
         raise FormatError(f"{path}: cannot open: {exc}") from None
 
 
-_NPY_HEADER_LOCK = threading.Lock()
+_NPY_HEADER_LOCK = fork_safe.Lock()
 
 
 def npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:

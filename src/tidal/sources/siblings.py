@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Any, ClassVar
 
+from tidal import fork_safe
 from tidal.errors import SourceError, StorageError
 
 
@@ -15,11 +15,11 @@ class Siblings:
     of the store once per count (``of(fetcher)``), however many files share the directory."""
 
     _made: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
-    _made_lock: ClassVar[threading.Lock] = threading.Lock()
+    _made_lock: ClassVar[fork_safe.Lock] = fork_safe.Lock()
 
     def __init__(self, fetcher: Any):
         self._fetcher = fetcher
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._answers: dict[tuple[str, str], Any] = {}  # (what was asked, url): what the store said
 
     @classmethod

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from tidal import closing, env
+from tidal import closing, env, fork_safe
 from tidal.errors import FormatError, MissingDependency, SchemaError, StorageError, TidalError
 from tidal.formats import Located, Piece, Reader, module, parsed_per_batch, threaded
 from tidal.order import EpochOrder, Intervals
@@ -93,7 +93,7 @@ class BlockReader:
         self._loaded = 0  # blocks loaded
         # the first block, loading behind its point reads: (pid, the thread, what it raised)
         self._behind: tuple[int, threading.Thread, list[BaseException]] | None = None
-        self._counting = threading.Lock()  # skipped: counted by the loop's thread and the block's
+        self._counting = fork_safe.Lock()  # skipped: counted by the loop's thread and the block's
 
     def forget(self) -> None:
         """Drop the block held (a new epoch orders the blocks anew)."""

@@ -25,13 +25,13 @@ behind them, has read it again: those bytes come over the network once.
 from __future__ import annotations
 
 import io
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from tidal import fork_safe
 from tidal.errors import ArgumentError, SourceError, StorageError
 from tidal.storage.cache import Cache, Entry, Handle
 from tidal.storage.config import Storage
@@ -276,7 +276,7 @@ class Kept:
     def __init__(self, limit: int = KEPT_BYTES):
         self.limit = limit
         self.keeping = False
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._ranges: dict[str, list[tuple[int, bytes]]] = {}
         self._bytes = 0
 

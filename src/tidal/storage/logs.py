@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Mapping
 from typing import Any
 
+from tidal import fork_safe
 from tidal.storage.retry import redact
 
 LIBRARIES = (
@@ -80,7 +80,7 @@ class _Redact(logging.Filter):
 
 
 _filter = _Redact()
-_lock = threading.Lock()
+_lock = fork_safe.Lock()
 
 
 def secrets(options: Mapping[str, Any]) -> set[str]:

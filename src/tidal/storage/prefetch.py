@@ -35,7 +35,6 @@ file (``.jsonl.zst``, ``.gz``) cannot be read from the middle: it is fetched who
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from tidal import fork_safe
 from tidal.errors import StorageError
 from tidal.storage.cache import Entry, Handle
 from tidal.storage.config import Storage
@@ -127,7 +127,7 @@ class Prefetcher:
         self._columns = columns
         self.stats = stats if stats is not None else Stats()
         self._fetcher = Fetcher(storage, self.stats)
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._pending: dict[int, Future[bool | None]] = {}  # fetches ahead, running or queued
         self._pinned: dict[int, Handle] = {}  # fetched ahead, not opened yet
         self._held: dict[int, Handle] = {}  # shards the reader has open

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+from tidal import fork_safe
 
 FIELDS = (
     "bytes_downloaded",  # bytes that came over the network: whole shards, parts, ranges
@@ -20,7 +20,7 @@ class Stats:
     """Thread-safe counters; ``dict()`` is a snapshot with every field of :data:`FIELDS`."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._values: dict[str, float] = dict.fromkeys(FIELDS, 0)
 
     def add(self, **counts: float) -> None:

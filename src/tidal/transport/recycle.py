@@ -12,11 +12,12 @@ into a new one. A batch the loop keeps is never written over: it holds its buffe
 from __future__ import annotations
 
 import sys
-import threading
 from math import prod
 from typing import Any
 
 import numpy as np
+
+from tidal import fork_safe
 
 MIN_BYTES = 1 << 20  # smaller arrays are malloc's, which reuses them without faults
 MAX_POOL_BYTES = 256 << 20  # buffers kept for reuse, in use or not
@@ -29,7 +30,7 @@ class Recycled:
         self._bases: list[np.ndarray] = []
         self._bytes = 0
         self._max = max_bytes
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         # kept: a loader's generator left open at interpreter exit trims the pool after the
         # interpreter has set the modules' names to None
         self._refs = sys.getrefcount

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from tidal import fork_safe
 from tidal.errors import TidalError
 from tidal.transport.bundles import Strings, numeric
 from tidal.transport.recycle import RECYCLED
@@ -154,7 +155,7 @@ class Ring:
 
 _ring: Ring | None = None
 _refused: tuple[int, str] | None = None  # (process, segment) whose ring could not be had
-_ring_lock = threading.Lock()
+_ring_lock = fork_safe.Lock()
 
 
 def ring(name: str, slots: int) -> Ring | None:
@@ -175,7 +176,7 @@ def ring(name: str, slots: int) -> Ring | None:
 
 
 _mapped: dict[str, shared_memory.SharedMemory] = {}  # the segments this process made
-_mapped_lock = threading.Lock()
+_mapped_lock = fork_safe.Lock()
 taken = 0  # bundles this process took out of shared memory: for tests and stats
 
 

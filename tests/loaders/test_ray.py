@@ -374,3 +374,23 @@ def test_options_that_cannot_hold_are_refused_when_the_loader_is_made(tmp_path: 
     config = {**ds.to_config(), "loader": {"num_workers": 3, "persistent_workers": True, "timeout": 5}}
     made = tidal.ray.DataLoader.from_config(config, start_early=False)
     assert made.state_dict()["topology"] == [1, 3] and made.readers == []
+
+
+def test_readers_the_cluster_cannot_hold_are_an_error_naming_what_they_need(
+    tmp_path: Path, cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three readers of a whole CPU on a cluster of two CPUs: a warning as the pass starts and, at
+    the first reader_timeout, an error that names what they need and what the cluster has, not
+    the readers replaced again and again for LOST + 1 timeouts."""
+    import time
+
+    ds = plain(tmp_path)
+    loader = on_ray(ds, 3, reader_options={"num_cpus": 1}, reader_timeout=5)
+    started = time.monotonic()
+    with pytest.raises(tidal.ArgumentError, match=r"3 readers \(1 ranks x 3\) .* need 3 CPU; the cluster has 2 CPU"):
+        list(loader)
+    assert time.monotonic() - started < 60
+    assert any("need 3 CPU" in r.getMessage() for r in caplog.records if r.name == "tidal")
+    del loader
+    gc.collect()  # its readers go, the one never placed included: the cluster serves what fits it
+    assert sorted(ids(list(on_ray(ds, 2)))) == list(range(sum(SIZES)))

@@ -22,7 +22,9 @@ the :class:`Session` it returns is asked for reader ``w``'s next bundle (``fetch
   replaced: a new actor opens the dataset at the state after the last batch the training process
   received from it, so its share goes on with the next batch and no record is lost or repeated.
   Its counters go on from those of the reader it replaces (``readers_replaced`` counts them). A
-  reader lost :data:`LOST` times in a row before it sends a batch is an error.
+  reader lost :data:`LOST` times in a row before it sends a batch is an error; one that never sent
+  a batch, on a cluster whose resources in all cannot hold the job's readers, is an error at its
+  first timeout, naming what they need and what the cluster has (warned of as the pass starts).
 - **Errors.** An error raised in a reader (a bad record, a missing file) comes back as data and
   is raised where the loop fetches, as it is: it is no reason to replace the reader, which would
   read the same record again.
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tidal.errors import StateError, StorageError, needs
+from tidal.errors import ArgumentError, StateError, StorageError, needs
 from tidal.metrics import Mark, Streams
 from tidal.stages import add_stats
 from tidal.stages.policy import HeldReports, reports_kept
@@ -194,6 +196,7 @@ class Actors:
         self._timeout = timeout
         self._chunk = max(1, prefetch // 2)
         self._eager = 2 * self._chunk <= prefetch  # ask for the next bundle as one arrives
+        self._options = {"num_cpus": 1, **options}
         self._remote = remote_reader(ray, options)
         self._dataset = ray.put(dataset)  # pickled once for all readers (and their replacements)
         self._handles: list[Any] = [self._remote.remote(self._dataset, self._chunk) for _ in range(readers)]
@@ -209,6 +212,7 @@ class Actors:
         self._lost = [0] * readers  # times replaced since its last bundle
         self._reported: frozenset[tuple[str, int, str, int]] = frozenset()  # reported before the pass's readers
         self.session = 0  # the pass the readers read for (Session)
+        self._world_size = 1
         self.closed = False
 
     @property
@@ -233,7 +237,12 @@ class Actors:
         answered and dropped (a reader opened again finishes them first). ``reported``: the bad
         records the readers they replace in the pass reported (:meth:`reported`): not again."""
         self.park()
+        if self.session == 0:
+            short = self._unplaceable(ranks.world_size)
+            if short is not None:
+                _log.warning("tidal.ray: %s: readers wait until the cluster grows (up to reader_timeout)", short)
         self.session += 1
+        self._world_size = ranks.world_size
         self._reported = reported
         self._rank, self._opened = ranks.rank, (first_epoch, origin, weights)
         self._worlds = [ranks.with_worker(w, self._n) for w in range(self._n)]
@@ -264,6 +273,12 @@ class Actors:
             try:
                 got = ray.get(pending[0], timeout=self._timeout)
             except ray.exceptions.GetTimeoutError:
+                short = self._unplaceable(self._world_size) if not self._stats[w] else None
+                if short is not None:
+                    raise ArgumentError(
+                        f"tidal.ray reader {w} of rank {self._rank} sent nothing for {self._timeout:g} s: {short}; "
+                        "ask for fewer readers or less in reader_options, or start a larger cluster (ray status)"
+                    ) from None
                 self._replace(w, f"it sent nothing for {self._timeout:g} s")
                 continue
             except ray.exceptions.RayTaskError as exc:  # not a death: the call itself raised
@@ -331,6 +346,23 @@ class Actors:
         self._base_streams[w] = self._streams[w]
         self._handles[w] = self._remote.remote(self._dataset, self._chunk)
         self._open(w)
+
+    def _unplaceable(self, ranks: int) -> str | None:
+        """Why the cluster's resources in all (now) cannot hold ``ranks`` ranks' readers; None where they can."""
+        try:
+            total = self._ray.cluster_resources()
+        except Exception:  # not answering: the timeouts say what they say
+            return None
+        options = self._options
+        each = {"CPU": options.get("num_cpus"), "GPU": options.get("num_gpus"), "memory": options.get("memory")}
+        each.update(options.get("resources") or {})
+        count = ranks * self._n
+        short = {k: v * count for k, v in each.items() if v and v * count > total.get(k, 0)}
+        if not short:
+            return None
+        need = ", ".join(f"{v:g} {k}" for k, v in short.items())
+        have = ", ".join(f"{total.get(k, 0):g} {k}" for k in short)
+        return f"{count} readers ({ranks} ranks x {self._n}) of {options} need {need}; the cluster has {have} in all"
 
     def _kill(self, handle: Any) -> None:
         try:  # noqa: SIM105  (not contextlib: this may run as the interpreter exits, its modules gone)

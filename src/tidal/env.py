@@ -70,16 +70,23 @@ def share_tokenizer_threads(workers: int) -> None:
         os.environ["RAYON_NUM_THREADS"] = str(max(1, _cores() // readers))
 
 
-def read_threads(workers: int = 1) -> int:
+REMOTE_READ_THREADS = 8  # a reader's threads for remote files, whatever the cores
+
+
+def read_threads(workers: int = 1, remote: bool = False) -> int:
     """Threads a reader decodes a block's files with (Parquet, Arrow), reading the next block in
     them while the loop takes this one: the rank's share of the cores (``LOCAL_WORLD_SIZE`` ranks
-    on a machine share them) split over its ``workers``, at most 4 and at least 1.
+    on a machine share them) split over its ``workers``, at most 4 and at least 1; for ``remote``
+    files, :data:`REMOTE_READ_THREADS`: their ranged GETs wait on the network, not on the cores
+    (one connection brings tens of MB/s, a block needs a row group of each of its files).
     ``TIDAL_READ_THREADS=N`` sets it; ``=1`` gives 0: the reader's own thread, nothing read ahead."""
     given = os.environ.get("TIDAL_READ_THREADS", "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
             raise ConfigError(f"TIDAL_READ_THREADS must be a positive integer, not {given!r}")
         return int(given) if int(given) > 1 else 0
+    if remote:
+        return REMOTE_READ_THREADS
     return max(1, min(4, _cores() // (local_ranks() * max(1, workers))))
 
 

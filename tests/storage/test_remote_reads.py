@@ -204,3 +204,46 @@ def test_at_a_jobs_start_a_node_downloads_only_the_files_its_ranks_first_records
     with whole_blocks(monkeypatch):
         before, _ = start("blocks")
     assert all(b > 8 * n for b, n in zip(before, nodes, strict=True)), (before, nodes)  # whole blocks, and ahead
+
+
+def test_a_remote_blocks_files_are_read_side_by_side_whatever_the_cores(
+    s3: S3Server, bucket: str, tmp_path: Path, proxy: FaultProxy, in_place: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranged GETs wait on the network, not the cores: on a machine of one core, the row groups a
+    block needs of its 8 remote files are read at once (8 threads), where the cores' share gave
+    one thread, and the files one after another at one connection's speed."""
+    import threading
+    import time
+
+    from tidal import env
+
+    root = tmp_path / "data"
+    root.mkdir()
+    for f in range(8):
+        pq.write_table(pa.table({"id": list(range(f * 50, f * 50 + 50))}), root / f"part-{f}.parquet")
+    url = s3.upload(root, bucket, "side")
+    monkeypatch.setattr(env, "_cores", lambda: 1)
+    lock, flight = threading.Lock(), {"now": 0, "most": 0}
+    read_held = BlockReader._read_held
+
+    def counted(self: BlockReader, *args: object) -> object:
+        with lock:
+            flight["now"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
+        try:
+            time.sleep(0.2)  # a slow link: the reads in flight overlap
+            return read_held(self, *args)
+        finally:
+            with lock:
+                flight["now"] -= 1
+
+    monkeypatch.setattr(BlockReader, "_read_held", counted)
+    ds = tidal.Dataset(url, storage=storage(s3, proxy, tmp_path / "cache")).shuffle(seed=1, shards_per_block=8)
+    with whole_blocks(monkeypatch):
+        assert sorted(r["id"] for r in ds) == list(range(400))
+    assert flight["most"] == 8
+    monkeypatch.setenv("TIDAL_READ_THREADS", "1")  # as set: the reader's own thread
+    flight["most"] = 0
+    with whole_blocks(monkeypatch):
+        assert sorted(r["id"] for r in ds) == list(range(400))
+    assert flight["most"] == 1

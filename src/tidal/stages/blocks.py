@@ -83,7 +83,8 @@ class BlockReader:
         self._arrow_loaded = 0  # bytes of Arrow blocks loaded since the pool last released memory
         # the threads a block's files are read with, side by side, the next block read ahead in them
         # (tidal.stages.read_threads), where decoding releases the GIL
-        count = env.read_threads(world.num_workers) if threaded(plan.shards.formats) else 0
+        remote = plan.storage is not None
+        count = env.read_threads(world.num_workers, remote) if threaded(plan.shards.formats) else 0
         self._threads = ReadThreads(count, policy, self._read_held)
         # JSON lines: held as their lines, each batch parsed with this as it is cut (tidal.formats.jsonl);
         # None: records are parsed as they are read

@@ -79,13 +79,13 @@ def test_workers_forked_while_a_thread_holds_tidals_locks_read_on(tmp_path: Path
     ds = tidal.Dataset(tmp_path).shuffle(seed=2, block_size=60).batch(10)
     whole = sorted(i for b in tidal.DataLoader(ds, num_workers=0) for i in b["id"].tolist())
     held, release = threading.Event(), threading.Event()
-    # every one made so far (the dataset's included) but the two this process takes as it starts its workers
-    locks = [lock for lock in fork_safe._made if lock not in (rings._mapped_lock, recycle.RECYCLED._lock)]
-    assert rings._ring_lock in locks  # what a worker takes first, to send its batches
+    # the module locks but the two this process takes as it starts its workers; the ring's is what
+    # a worker takes first, to send its batches
+    locks = [lock for lock in _module_locks() if lock not in (rings._mapped_lock, recycle.RECYCLED._lock)]
 
     def hold() -> None:
         for lock in locks:
-            lock._lock.acquire()
+            assert lock._lock.acquire(timeout=30)
         held.set()
         release.wait()
         for lock in locks:

@@ -24,10 +24,11 @@ class Watchdog:
         self.current: tuple[float, str, float] | None = None  # the running test: when it started, its id, its timeout
         self._thread: threading.Thread | None = None
         self._dumped: set[str] = set()
+        self._spy = shutil.which("py-spy", path=_bin_path())  # None: no stacks to print
 
     def running(self, nodeid: str | None, timeout: float = 0.0) -> None:
         """``nodeid`` runs from now, for at most ``timeout`` seconds (None: no test runs)."""
-        if self._thread is None and shutil.which("py-spy", path=_bin_path()):
+        if self._thread is None and self._spy is not None:
             self._thread = threading.Thread(target=self._watch, name="tests-hang-dump", daemon=True)
             self._thread.start()
         self.current = (time.monotonic(), nodeid, timeout) if nodeid and timeout > BEFORE_S else None
@@ -40,7 +41,7 @@ class Watchdog:
                 continue
             if time.monotonic() - current[0] >= current[2] - BEFORE_S:
                 self._dumped.add(current[1])
-                _dump(current[1])
+                _dump(self._spy, current[1])
 
 
 def _bin_path() -> str:
@@ -64,8 +65,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _dump(nodeid: str) -> None:
-    spy = shutil.which("py-spy", path=_bin_path())
+def _dump(spy: str, nodeid: str) -> None:
     lines = [f"\n+++ {nodeid} is about to time out: the stacks of the processes it started +++"]
     for pid in _descendants(os.getpid()):
         try:

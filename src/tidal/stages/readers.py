@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+from tidal import fork_safe
 from tidal.formats import Reader
 
 
@@ -39,15 +39,15 @@ class NotOpened(Exception):
 class OpenReaders:
     """Readers by shard index: ``limit`` idle ones kept open (LRU), any number in use.
 
-    Thread-safe. After ``fork`` the child's readers were the parent's, possibly mid-read in
-    threads the child does not have: the child closes them and opens its own (see
-    :meth:`_forked`)."""
+    Thread-safe (its lock free again in a child of ``fork``: :mod:`tidal.fork_safe`). After
+    ``fork`` the child's readers were the parent's, possibly mid-read in threads the child does
+    not have: the child closes them and opens its own (see :meth:`_forked`)."""
 
     def __init__(self, open_reader: Callable[[int], Reader], closed: Callable[[int], None], limit: int = 64):
         self._open_reader = open_reader
         self._closed = closed
         self.limit = limit
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._getpid = os.getpid  # kept: at interpreter exit a reader left open closes after ``os`` is torn down
         self._pid = self._getpid()
         self._idle: OrderedDict[int, Reader] = OrderedDict()  # open, held by no read; least recent first
@@ -158,12 +158,10 @@ class OpenReaders:
                 self._closed(index)
 
     def _forked(self) -> None:
-        """In a child of ``fork``: a new lock (the parent's may have been held by a thread that is
-        not here), and the parent's readers closed (they may have been mid-read)."""
+        """In a child of ``fork``: the parent's readers closed (they may have been mid-read)."""
         if self._pid == self._getpid():
             return
         self._pid = self._getpid()
-        self._lock = threading.Lock()
         everything = [*self._idle.items(), *((i, r) for i, (r, _) in self._busy.items())]
         self._idle.clear()
         self._busy.clear()

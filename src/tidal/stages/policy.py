@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from tidal.errors import FormatError, MissingDependency, SchemaError, StateError, StorageError, TidalError
@@ -101,14 +101,24 @@ class HeldReports(Reports):
         self._made.add(key)
 
     def made(self) -> list[list[Any]]:
-        """What the readers recording here reported (``before`` left out), as JSON-able lists."""
-        return [list(key) for key in sorted(self._made)]
+        """What the readers recording here reported (``before`` left out), as :func:`as_rows` lists."""
+        return as_rows(self._made)
 
     def gathered(self) -> Reports:
         return HeldReports(self.before | frozenset(self._made))
 
     def clear(self) -> None:
         self._made.clear()
+
+
+def as_rows(keys: Iterable[tuple[str, int, str, int]]) -> list[list[Any]]:
+    """Report keys as plain ``[source key, epoch, path, row]`` lists, sorted (to cross to a Ray actor)."""
+    return [list(key) for key in sorted(keys)]
+
+
+def as_keys(rows: Iterable[Sequence[Any]]) -> frozenset[tuple[str, int, str, int]]:
+    """The report keys of :func:`as_rows` lists."""
+    return frozenset((str(a), int(b), str(c), int(d)) for a, b, c, d in rows)
 
 
 _directory: str | None = None  # this process's folder of Reports files (removed at exit)

@@ -46,7 +46,7 @@ import numpy as np
 from tidal.errors import ArgumentError, StateError, StorageError, needs
 from tidal.metrics import Mark, Streams
 from tidal.stages import add_stats
-from tidal.stages.policy import HeldReports, reports_kept
+from tidal.stages.policy import HeldReports, as_keys, as_rows, reports_kept
 from tidal.state import schema
 from tidal.transport.bundles import Bundle, bundles
 from tidal.transport.pool import _Failure
@@ -104,7 +104,7 @@ class Reader:
         if self._made is not None:
             getattr(self._made, "close", lambda: None)()  # (a generator: its files closed)
         self._open, self._made = (world, state, first_epoch, origin, weights), None
-        self._book = HeldReports(frozenset((str(a), int(b), str(c), int(d)) for a, b, c, d in reported or ()))
+        self._book = HeldReports(as_keys(reported or ()))
 
     def reported(self) -> list[list[Any]]:
         """The bad records this reader reported since it was opened, as ``[source key, epoch, path, row]``."""
@@ -258,8 +258,7 @@ class Actors:
 
     def _open(self, w: int, ask: bool = True) -> None:
         handle = self._handles[w]
-        reported = [list(key) for key in sorted(self._reported)]
-        handle.open.remote(self._worlds[w], self._last[w], *self._opened, reported)
+        handle.open.remote(self._worlds[w], self._last[w], *self._opened, as_rows(self._reported))
         self._pending[w] = deque([handle.next.remote()] if ask else [])
 
     def fetch(self, w: int) -> Bundle:
@@ -307,7 +306,7 @@ class Actors:
         calls = [handle.reported.remote() for handle in self._handles]
         for call in calls:
             try:
-                got.update((str(a), int(b), str(c), int(d)) for a, b, c, d in ray.get(call, timeout=self._timeout))
+                got |= as_keys(ray.get(call, timeout=self._timeout))
             except (ray.exceptions.RayError, TimeoutError):  # dead, or not answering: its reports are lost
                 continue
         return frozenset(got)

@@ -146,16 +146,19 @@ def test_a_loop_that_breaks_off_stops_the_read_ahead_thread_and_the_workers(data
 
 
 def logged_by_worker(record: dict, log: str) -> dict:
-    """Appends the DataLoader worker that reads ``record`` to the file ``log``, a line a record."""
+    """Appends the DataLoader worker that reads ``record`` and its process to the file ``log``,
+    a line a record."""
     with open(log, "a") as f:
-        f.write(f"{torch.utils.data.get_worker_info().id}\n")
+        f.write(f"{torch.utils.data.get_worker_info().id} {os.getpid()}\n")
     time.sleep(0.003)
     return record
 
 
-def _warmed_in_order(log: Path, order: list[int], batch: int) -> None:
-    """Each worker of ``order`` read its first record only once the one before had read a batch."""
-    seen = [int(w) for w in log.read_text().split()]
+def _warmed_in_order(log: Path, order: list[int], batch: int, pids: set[int] | None = None) -> None:
+    """Each worker of ``order`` read its first record only once the one before had read a batch
+    (of the workers ``pids`` only, where given)."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    seen = [int(w) for w, pid in lines if pids is None or int(pid) in pids]
     for before, after in itertools.pairwise(order):
         first = seen.index(after)
         assert seen[:first].count(before) >= batch, (order, seen[: first + 1])
@@ -183,11 +186,12 @@ def test_workers_beyond_the_cores_warm_up_in_the_order_the_loop_asks_for_them(
     pickle.dumps(loader)  # the gate is the pass's, not the loader's: it still pickles (as its workers receive it)
     if context != "fork":  # the gate crossed to spawned workers; the resumed order is the same with fork
         return
-    log.unlink()
     resumed = tidal.DataLoader(ds, num_workers=4, multiprocessing_context=context)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(state)  # the workers started as it was built are killed: those from the state go on
+    workers = {p.pid for p in multiprocessing.active_children()}
+    assert len(workers) >= 4  # started as the state was given, before iter()
     assert head + ids(list(resumed)) == plain
-    _warmed_in_order(log, [3, 0, 1, 2], 4)
+    _warmed_in_order(log, [3, 0, 1, 2], 4, pids=workers)
 
 
 FORKSERVER = """

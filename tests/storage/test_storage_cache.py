@@ -222,7 +222,7 @@ def test_kill_9_in_the_middle_of_a_download_leaves_no_shard_and_no_lock_that_blo
     good = content("a", 8000)
     with cache.acquire(Entry("s3://bucket/a", 8000, "v1"), filler(good)) as h:
         assert h.path.read_bytes() == good
-    assert time.monotonic() - t0 < 2  # no lock of the dead process to wait for
+    assert time.monotonic() - t0 < 10  # no lock of the dead process to wait for (acquire waits up to 300 s)
     assert not list(root.glob("shards/*.part"))
     # a stale .part of another entry goes when the next process first needs room
     stale = root / "shards" / ("ab" + "0" * 38 + ".part")

@@ -142,7 +142,7 @@ def test_a_store_gone_for_good_is_a_clear_error_in_bounded_time(own_s3: S3Server
     took = time.monotonic() - t0
     message = str(err.value)
     print(f"\n[gone {backend}] error after {took:.2f}s (bound {bound:.1f}s): {message}")
-    assert took < bound + 1.0  # and a second for the rest of the reader's work
+    assert took < bound + 5.0  # and the rest of the reader's work on 2 loaded cores (a hang: minutes)
     assert message.startswith(f"{url}/part-") and "failed 4 times" in message and "last error" in message
     assert err.value.attempts == 4 and err.value.url.startswith(url)
     everything = "".join(traceback.format_exception(err.value)) + repr(err.value)
@@ -168,7 +168,7 @@ def test_a_store_that_stops_answering_is_a_clear_error_in_bounded_time(
             next(iter(ds))
         took = time.monotonic() - t0
     print(f"\n[silent] error after {took:.2f}s (bound {bound:.1f}s): {err.value}")
-    assert settings.timeout * retry.attempts <= took < bound + 1.0
+    assert settings.timeout * retry.attempts <= took < bound + 5.0  # a try that waited out the stall: 30 s
 
 
 # -- the disk ----------------------------------------------------------------------------

@@ -227,7 +227,7 @@ def test_prefetching_hides_the_network_from_a_reader_that_does_its_own_work(
             waited[prefetch] = it.stats()["io_wait_s"]
             assert it.stats()["cache_misses"] == 6
     assert waited[0] > 5 * 0.3  # each later shard was waited for...
-    assert waited[8] < 2 * 0.3 + 0.3  # ...or only the first (and a margin)
+    assert waited[8] < waited[0] / 2  # ...or only the first (a ratio: a loaded machine slows both runs)
 
 
 def test_a_cached_shard_corrupted_on_disk_is_fetched_again_not_read(

@@ -10,10 +10,10 @@ the first batches come as soon as with as many workers as cores, and the later w
 their blocks while the loop works through the first batches.
 
 What every reader imports on first use (numpy's ``random`` and ``ma``, imported by numpy only when
-asked for; the modules of the data's formats) is imported once in the process the workers start
-from, not once in each worker (:func:`preload_readers`): 85 ms of CPU time a worker for numpy's
-two, and 40 ms for Parquet's and the line formats' modules, which 8 workers on 2 cores paid
-before their first batch, 0.5 s. A spawned worker starts afresh and imports everything, torch
+asked for; the modules of the data's formats; pack's, which the loader's metrics look for) is
+imported once in the process the workers start from, not once in each worker
+(:func:`preload_readers`): 85 ms of CPU time a worker for numpy's two, and 40 ms for Parquet's and
+the line formats' modules, which 8 workers on 2 cores paid before their first batch, 0.5 s. A spawned worker starts afresh and imports everything, torch
 above all (2.6 s of its 3.0 s): started early (``start_early``) that is spent while the script
 restores its model.
 """
@@ -73,7 +73,9 @@ def start_gate(context: Any, workers: int, first: int) -> WarmupGate | None:
     return WarmupGate(context or multiprocessing.get_context(), workers, first, slots)
 
 
-READERS_IMPORT = ("numpy.random", "numpy.ma")  # numpy imports them when first used (order.rng, np.unique)
+# numpy imports the first two when first used (order.rng, np.unique); the loader's metrics look
+# for pack() in every worker's chain (tidal.metrics.Marker), packed or not
+READERS_IMPORT = ("numpy.random", "numpy.ma", "tidal.stages.pack")
 
 
 def preload_readers(context: Any) -> None:

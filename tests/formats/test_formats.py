@@ -301,6 +301,47 @@ def test_lines_across_pieces_keep_records_and_line_numbers(tmp_path: Path, monke
     reader.close()
 
 
+def test_a_row_is_read_from_the_checkpoint_before_it_a_few_bytes_back_whatever_the_row_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long lines get a checkpoint every CHECKPOINT_BYTES as well as every CHECKPOINT_ROWS: any row
+    is read whole, with its line number, from the checkpoint before it, which is at most that many
+    bytes of lines back (a point read of one long document does not read thousands before it)."""
+    import itertools
+    import random
+
+    from tidal.formats import lines as lines_module
+
+    rng = random.Random(3)
+    lines = [rng.choice([b"", b"short", b"x" * rng.randint(100, 900), b'{"a": 1}\r']) for _ in range(700)]
+    raw = b"\n".join(lines) + b"\n"
+    path = tmp_path / "f.txt"
+    path.write_bytes(raw)
+    want = [(i + 1, ln[:-1] if ln.endswith(b"\r") else ln) for i, ln in enumerate(lines)]
+    want = [(n, ln) for n, ln in want if ln]
+    monkeypatch.setattr(lines_module, "_PIECE", 64)
+    monkeypatch.setattr(lines_module, "CHECKPOINT_BYTES", 2000)
+    info = lines_module.scan(str(path), None)
+    assert info["rows"] == len(want)
+    offsets = [c[1] for c in info["checkpoints"]]
+    assert len(offsets) > len(want) // 4096 + 1 and max(b - a for a, b in itertools.pairwise(offsets)) < 2000 + 900
+    read = []
+    real_read = lines_module.LineReader._refill
+
+    def counted(self: lines_module.LineReader) -> bool:
+        read.append(self._file.tell())  # type: ignore[union-attr]
+        return real_read(self)
+
+    monkeypatch.setattr(lines_module.LineReader, "_refill", counted)
+    reader = lines_module.LineReader(str(path), None, info)
+    for row in rng.sample(range(len(want)), 60) + [len(want) - 1, 0]:
+        read.clear()
+        got, numbers = reader.read_rows(row, row + 1)
+        assert ([bytes(g) for g in got], numbers) == ([want[row][1]], [want[row][0]])
+        assert len(read) * 64 <= 2000 + 2 * 900 + 64  # from the checkpoint before it, not from row 0
+    reader.close()
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.lists(st.sampled_from([b"a", b"{}", b"\n", b"\r", b"\r\n"]), max_size=40).map(b"".join))
 def test_a_small_file_is_counted_in_one_read_as_line_by_line(tmp_path: Path, raw: bytes) -> None:

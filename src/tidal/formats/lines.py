@@ -1,8 +1,10 @@
 """Line-oriented files (JSON lines, plain text), plain or compressed (gzip, zstd, bz2).
 
 A record is a non-empty line; empty lines (and a lone ``\\r``) are not records. For
-uncompressed files the index keeps a checkpoint every ``CHECKPOINT_ROWS`` records (row,
-byte offset, line number), so a reader opens at any row after at most that many lines.
+uncompressed files the index keeps a checkpoint every ``CHECKPOINT_ROWS`` records, and after
+every ``CHECKPOINT_BYTES`` of lines (row, byte offset, line number), so a reader opens at any row
+after at most that many lines or bytes: a point read of one record (a block's first batch, a
+resume) reads a few MB at most, not 4,096 documents of any size.
 Compressed files are read from their start: cost bounded by the file, never by the epoch.
 Every compressed byte is checked (:mod:`tidal.formats.codecs`): scanning reads the whole
 file, so a truncated or corrupt one fails its scan (a FormatError naming the file and the
@@ -16,6 +18,7 @@ reader then reads from the checkpoint before the rows asked for, not the file fr
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Iterator
 from typing import IO
@@ -25,6 +28,7 @@ from tidal.formats import source
 from tidal.formats.codecs import open_stream
 
 CHECKPOINT_ROWS = 4096
+CHECKPOINT_BYTES = 2 << 20  # 15 bytes of index per MB of lines; an index made before has rows only
 _PIECE = 1 << 20  # read at a time: 4 MB reads fault fresh pages in, and leave the cache before they are parsed
 
 
@@ -55,10 +59,12 @@ def scan(path: str, compression: str | None, file: str | None = None) -> dict:
             return small
     rows = 0
     checkpoints: list[list[int]] = []
+    last = -CHECKPOINT_BYTES  # the offset of the last checkpoint
     with open_stream(path, file or path, compression) as f:
         for offset, line in _iter_lines(f, 0, 0):
-            if compression is None and rows % CHECKPOINT_ROWS == 0:
+            if compression is None and (rows % CHECKPOINT_ROWS == 0 or offset - last >= CHECKPOINT_BYTES):
                 checkpoints.append([rows, offset, line - 1])
+                last = offset
             rows += 1
     info: dict = {"rows": rows}
     if len(checkpoints) > 1:  # the first is where reading from the start begins anyway
@@ -121,6 +127,7 @@ class LineReader:
         self._source = where  # a local path (the file, or a remote shard's copy in the cache), or an opener
         self._compression = compression
         self._checkpoints = info.get("checkpoints", [])
+        self._checkpoint_rows = [c[0] for c in self._checkpoints]
         self._file: IO[bytes] | None = None
         self._row = 0  # the row number of self._rows[self._at]
         self._rows: list[bytes | memoryview] = []  # the current piece's rows
@@ -137,12 +144,15 @@ class LineReader:
         self._file = open_stream(self.path, where if isinstance(where, str) else where(), self._compression)
         self._row = line = 0
         if self._compression is None and self._checkpoints:
-            k = min(row // CHECKPOINT_ROWS, len(self._checkpoints) - 1)
-            self._row, offset, line = self._checkpoints[k]
+            self._row, offset, line = self._checkpoints[self._checkpoint(row)]
             self._file.seek(offset)
         self._rows, self._index, self._at, self._carry = [], [], 0, []
         self._next_base = line
         self._at_start = line == 0  # the file's first bytes come next: a byte order mark is not a record's
+
+    def _checkpoint(self, row: int) -> int:
+        """The index of the last checkpoint at or before ``row``."""
+        return max(bisect.bisect_right(self._checkpoint_rows, row) - 1, 0)
 
     def _refill(self) -> bool:
         assert self._file is not None
@@ -172,7 +182,11 @@ class LineReader:
         their 1-based line numbers."""
         if stop <= start:
             return [], []
-        far = self._compression is None and start - self._row > CHECKPOINT_ROWS
+        far = (
+            self._compression is None
+            and self._checkpoints
+            and self._checkpoint_rows[self._checkpoint(start)] > self._row
+        )
         if self._file is None or start < self._row or far:
             self._open_at(start)
         rows: list[bytes | memoryview] = []

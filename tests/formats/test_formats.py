@@ -334,7 +334,7 @@ def test_a_row_is_read_from_the_checkpoint_before_it_a_few_bytes_back_whatever_t
 
     monkeypatch.setattr(lines_module.LineReader, "_refill", counted)
     reader = lines_module.LineReader(str(path), None, info)
-    for row in rng.sample(range(len(want)), 60) + [len(want) - 1, 0]:
+    for row in [*rng.sample(range(len(want)), 60), len(want) - 1, 0]:
         read.clear()
         got, numbers = reader.read_rows(row, row + 1)
         assert ([bytes(g) for g in got], numbers) == ([want[row][1]], [want[row][0]])

@@ -13,9 +13,9 @@ What every reader imports on first use (numpy's ``random`` and ``ma``, imported 
 asked for; the modules of the data's formats; pack's, which the loader's metrics look for) is
 imported once in the process the workers start from, not once in each worker
 (:func:`preload_readers`): 85 ms of CPU time a worker for numpy's two, and 40 ms for Parquet's and
-the line formats' modules, which 8 workers on 2 cores paid before their first batch, 0.5 s. A spawned worker starts afresh and imports everything, torch
-above all (2.6 s of its 3.0 s): started early (``start_early``) that is spent while the script
-restores its model.
+the line formats' modules, which 8 workers on 2 cores paid before their first batch, 0.5 s. A
+spawned worker starts afresh and imports everything, torch above all (2.6 s of its 3.0 s):
+started early (``start_early``) that is spent while the script restores its model.
 """
 
 from __future__ import annotations

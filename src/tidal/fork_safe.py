@@ -30,9 +30,6 @@ class Lock:
     def __exit__(self, *exc: Any) -> None:
         self._lock.release()
 
-    def locked(self) -> bool:
-        return self._lock.locked()
-
     def __reduce__(self) -> tuple:  # a pickled owner gets a free lock on the other side
         return (Lock, ())
 

@@ -142,17 +142,19 @@ class LineReader:
         self.close()
         where = self._source
         self._file = open_stream(self.path, where if isinstance(where, str) else where(), self._compression)
-        self._row = line = 0
-        if self._compression is None and self._checkpoints:
-            self._row, offset, line = self._checkpoints[self._checkpoint(row)]
+        self._row, offset, line = self._checkpoint(row)
+        if offset:
             self._file.seek(offset)
         self._rows, self._index, self._at, self._carry = [], [], 0, []
         self._next_base = line
         self._at_start = line == 0  # the file's first bytes come next: a byte order mark is not a record's
 
-    def _checkpoint(self, row: int) -> int:
-        """The index of the last checkpoint at or before ``row``."""
-        return max(bisect.bisect_right(self._checkpoint_rows, row) - 1, 0)
+    def _checkpoint(self, row: int) -> list[int]:
+        """``[row, byte offset, line]`` of the last checkpoint at or before ``row``: the file's start
+        where it has none (a compressed file is read from its start)."""
+        if self._compression is not None or not self._checkpoints:
+            return [0, 0, 0]
+        return self._checkpoints[max(bisect.bisect_right(self._checkpoint_rows, row) - 1, 0)]
 
     def _refill(self) -> bool:
         assert self._file is not None
@@ -182,11 +184,7 @@ class LineReader:
         their 1-based line numbers."""
         if stop <= start:
             return [], []
-        far = (
-            self._compression is None
-            and self._checkpoints
-            and self._checkpoint_rows[self._checkpoint(start)] > self._row
-        )
+        far = self._checkpoint(start)[0] > self._row  # a checkpoint past where this reader is
         if self._file is None or start < self._row or far:
             self._open_at(start)
         rows: list[bytes | memoryview] = []

@@ -196,7 +196,7 @@ class Actors:
         self._timeout = timeout
         self._chunk = max(1, prefetch // 2)
         self._eager = 2 * self._chunk <= prefetch  # ask for the next bundle as one arrives
-        self._options = {"num_cpus": 1, **options}
+        self._options = with_defaults(options)
         self._remote = remote_reader(ray, options)
         self._dataset = ray.put(dataset)  # pickled once for all readers (and their replacements)
         self._handles: list[Any] = [self._remote.remote(self._dataset, self._chunk) for _ in range(readers)]
@@ -420,9 +420,14 @@ class Session(Iterator[Bundle]):
         raise StopIteration
 
 
+def with_defaults(options: dict) -> dict:
+    """A reader's ``reader_options``: one CPU unless they say otherwise."""
+    return {"num_cpus": 1, **options}
+
+
 def remote_reader(ray: Any, options: dict) -> Any:
-    """The :class:`Reader` actor class with ``options`` (one CPU unless they say otherwise)."""
-    return ray.remote(Reader).options(**{"num_cpus": 1, **options, "max_restarts": 0, "max_task_retries": 0})
+    """The :class:`Reader` actor class with ``options`` (:func:`with_defaults`)."""
+    return ray.remote(Reader).options(**with_defaults(options), max_restarts=0, max_task_retries=0)
 
 
 def _first_line(exc: BaseException) -> str:

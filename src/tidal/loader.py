@@ -41,6 +41,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -480,7 +481,12 @@ class DataLoader(torch.utils.data.DataLoader):
             self._drop(early)
 
     def _drop(self, early: _Early) -> None:
-        early.dropped()
+        """Stop a pass started early; another starts in its place, which need not wait for the
+        system to free what its killed workers held (the finalizer, at the loader's end, waits)."""
+        found = early.dropped.detach()
+        if found is not None:
+            _, stop, args, _ = found
+            stop(*args, wait=False)
         if getattr(self, "_iterator", None) is early.bundles:  # persistent workers
             self._iterator = None
 
@@ -695,10 +701,21 @@ class _Early(NamedTuple):
     taken: Taken | None = None  # set when iter() takes it: its readers report bad data from then on
 
 
-def _abandoned(bundles: Iterator[Bundle], made: list[str], taken: Taken | None = None) -> None:
+def _abandoned(bundles: Iterator[Bundle], made: list[str], taken: Taken | None = None, wait: bool = True) -> None:
+    """Stop a pass started early. ``wait=False``: its killed workers are joined, and their shared
+    memory released, in a thread (another pass starts in its place meanwhile)."""
     if taken is not None:
         taken.drop()  # a reader in a thread waiting to report ends, reporting nothing
-    abandon(bundles)
+    killed = abandon(bundles)
+    if wait:
+        _reap(killed, made)
+    else:
+        threading.Thread(target=_reap, args=(killed, made), name="tidal-reap", daemon=True).start()
+
+
+def _reap(workers: list[Any], made: list[str]) -> None:
+    for worker in workers:
+        worker.join()
     rings.release(made)
 
 

@@ -226,6 +226,38 @@ def test_a_loader_dropped_unused_stops_its_workers_and_frees_its_shared_memory(d
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"psm_tidal_{os.getpid()}_")]
 
 
+def test_workers_stopped_by_a_state_end_and_free_their_shared_memory_behind_the_new_ones(
+    data: Path, tmp_path: Path
+) -> None:
+    """load_state_dict kills the pass started at build and starts its own without waiting for the
+    system to free what the killed workers held: they are reaped, and their shared memory released,
+    in a thread; the resumed batches are the state's."""
+    from tidal.transport import rings
+
+    log = tmp_path / "read.log"
+    ds = chain(data, log)
+    full = ids(tidal.DataLoader(ds, num_workers=2, start_early=False))
+    first = tidal.DataLoader(ds, num_workers=2, start_early=False)
+    head = ids(itertools.islice(first, 3))
+    state = first.state_dict()
+    del first
+    gc.collect()
+    before, mapped = set(multiprocessing.active_children()), set(rings._mapped)
+    loader = tidal.DataLoader(ds, num_workers=2)
+    wait_until_read(log)
+    killed = set(multiprocessing.active_children()) - before
+    segments = set(rings._mapped) - mapped
+    assert len(killed) == 2 and len(segments) == 2
+    loader.load_state_dict(state)
+    deadline = time.monotonic() + PATIENCE_S
+    while any(p.is_alive() for p in killed) or segments & set(rings._mapped):
+        assert time.monotonic() < deadline, "the killed workers or their shared memory are still there"
+        time.sleep(0.01)
+    assert all(p.exitcode is not None for p in killed)
+    assert len(set(rings._mapped) - mapped) == 2  # the resumed pass's own
+    assert head + ids(loader) == full
+
+
 EXITS = """
 import os, signal, sys, time
 import tidal

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import pickle
@@ -139,6 +140,37 @@ def test_a_slot_not_read_yet_is_never_written() -> None:
         shm.release(names)
     with pytest.raises(tidal.TidalError, match="already released"):
         shm.take(third)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="pages reserved with posix_fallocate")
+def test_a_ring_reserves_the_pages_it_writes_as_it_writes_them(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's ring holds the pages its bundles need, not its whole segment from the start
+    (48 MB a worker, reserved by every worker at once as they start); reserving them before each
+    first write keeps a full /dev/shm a refusal (the pipe), never a SIGBUS."""
+    names = shm.make_rings(1, 3)
+    assert names is not None
+    ring = shm.Ring(names[0], 3)
+    try:
+        held = os.fstat(ring.shm._fd).st_blocks * 512  # type: ignore[attr-defined]
+        assert held < shm.SLOT_BYTES // 4  # nothing reserved yet
+        where = ring.put([np.arange(1000)])
+        assert where is not None and shm.take(where)[0].tolist() == list(range(1000))
+        held = os.fstat(ring.shm._fd).st_blocks * 512  # type: ignore[attr-defined]
+        assert 8000 <= held < shm.SLOT_BYTES // 4  # the bundle's pages, not the segment's 48 MB
+
+        def full(fd: int, offset: int, size: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+        with caplog.at_level(logging.WARNING, logger="tidal"):
+            assert ring.put([np.arange(10)]) is None  # the next slot's pages cannot be had: the pipe takes it
+            assert ring.put([np.arange(10)]) is None  # and every bundle after it
+        assert caplog.text.count("no shared memory for a reader process") == 1
+    finally:
+        ring.shm.close()
+        shm.release(names)
 
 
 EXITS = """

@@ -29,7 +29,6 @@ import contextlib
 import logging
 import os
 import secrets
-import threading
 from collections.abc import Callable, Collection
 from multiprocessing import shared_memory
 from typing import Any
@@ -68,8 +67,8 @@ def make_rings(count: int, slots: int) -> list[str] | None:
 
 def _segment(size: int) -> shared_memory.SharedMemory:
     """A segment of ``size`` bytes, registered with this process's resource tracker. Its pages
-    are reserved by the worker that writes it (:class:`Ring`), in parallel, not here: that
-    took 27 ms before the workers even started. Named after the process that made it (as
+    are reserved by the worker that writes it (:class:`Ring`), as it first writes them, not
+    here: that took 27 ms before the workers even started. Named after the process that made it (as
     ``psm_tidal_<pid>_...``), so that what a process left is told from what others hold."""
     return shared_memory.SharedMemory(name=f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}", create=True, size=size)
 
@@ -98,43 +97,45 @@ class Ring:
             self.shm.unlink()  # mapped on both sides: the name is no longer needed
         self.seq = 0
         self.pid = os.getpid()
-        # The pages reserved now, so that a full /dev/shm is an error here and not a SIGBUS at a
-        # write; in a thread (13 ms for 48 MB), while the worker reads its first block.
+        # What of each slot is reserved: pages are reserved before they are first written, so that
+        # a full /dev/shm is a refusal (the pipe) and not a SIGBUS at a write; only those a bundle
+        # needs, as it is written: a worker sending small batches holds a few pages, not 48 MB, and
+        # workers starting together do not each spend 13 ms of a core reserving theirs at once.
+        self._reserved = [0] * slots
         self.refused: OSError | None = None
-        self._reserving: threading.Thread | None = threading.Thread(
-            target=self._reserve, name="tidal-shm-reserve", daemon=True
-        )
-        self._reserving.start()
 
-    def _reserve(self) -> None:
-        try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(self.shm._fd, 0, self.shm.size)  # type: ignore[attr-defined]
-        except OSError as exc:
-            self.refused = exc
+    def _reserve(self, slot: int, size: int) -> bool:
+        """Whether the first ``size`` bytes of ``slot`` are reserved (now, if they were not)."""
+        if self.refused is not None:
+            return False
+        if size > self._reserved[slot]:
+            try:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(self.shm._fd, slot * SLOT_BYTES, size)  # type: ignore[attr-defined]
+            except OSError as exc:
+                self.refused = exc
+                log.warning("no shared memory for a reader process (%s): its batches go through a pipe", exc)
+                return False
+            self._reserved[slot] = size
+        return True
 
     def put(self, arrays: list[np.ndarray | list[bytes]]) -> tuple | None:
         """Where ``arrays`` now are, or None when they do not fit a slot or the next slot was not
         read yet (then they go through the pipe: a reader never waits on the ring). A list of
         ``bytes`` is written as one byte array, piece by piece."""
-        if self._reserving is not None:
-            self._reserving.join()
-            self._reserving = None
-            if self.refused is not None:
-                log.warning("no shared memory for a reader process (%s): its batches go through a pipe", self.refused)
-        if self.refused is not None:
-            return None
         offsets, sizes, at = [], [], _HEADER
         for a in arrays:
             offsets.append(at)
             sizes.append(a.nbytes if isinstance(a, np.ndarray) else sum(map(len, a)))
             at += -(-sizes[-1] // 64) * 64
         slot = (self.seq + 1) % self.slots
+        if at > SLOT_BYTES or not self._reserve(slot, at):
+            return None
         base = slot * SLOT_BYTES
         buf = self.shm.buf
         assert buf is not None  # (mapped until released)
         header = np.ndarray(2, np.int64, buffer=buf, offset=base)  # [bundle number, read]
-        if at > SLOT_BYTES or (header[0] != 0 and header[1] != 1):
+        if header[0] != 0 and header[1] != 1:
             return None
         self.seq += 1
         header[:] = (-1, 0)  # being written

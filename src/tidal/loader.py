@@ -107,19 +107,27 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         state = self.states[worker] if self.bundled and worker < len(self.states) else None
         where = schema.reader_where(world.rank, worker)
         origin = self.origin if self.bundled else None
-        with reports_kept(self.reports if self.bundled else None, process=info is not None and self.bundled):
-            it = self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
+
+        def reader() -> Any:
+            with reports_kept(self.reports if self.bundled else None, process=info is not None and self.bundled):
+                return self.dataset.iterator(world, state, self.first_epoch, origin, where, self.weights)
+
         if info is not None and self.loop is not None:  # (tidal.transport.orphans)
             orphans.exit_with(self.loop)
         if info is not None and self.bundled:
             hold_reports(self.taken, process=True)
+        if info is not None and self.bundled and self.warmup is not None:
+            # a worker waiting for its turn to warm up makes its reader when it comes: not while
+            # the workers before it, and the training process forking the rest, want the cores
+            return self.warmup.gated(lambda: self._bundles(reader(), worker, pack=True), worker)
+        it = reader()
         if self.bundled:
             made = self._bundles(it, worker, pack=info is not None)  # packing only pays across processes
             if info is None:
                 if self.taken is not None:
                     made = reporting_when_taken(made, self.taken)
                 return HeadStart(made, self.head_start) if self.head_start else made
-            return self.warmup.gated(made, worker) if self.warmup is not None else made
+            return made
         return (as_tensors(item) for item in it)
 
     def _bundles(self, it: Any, worker: int, pack: bool) -> Iterator[Bundle | _WorkerError]:

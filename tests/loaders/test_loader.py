@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -193,6 +194,37 @@ def test_workers_beyond_the_cores_warm_up_in_the_order_the_loop_asks_for_them(
     assert len(workers) >= 4  # started as the state was given, before iter()
     assert head + ids(list(resumed)) == plain
     _warmed_in_order(log, [3, 0, 1, 2], 4, pids=workers)
+
+
+def test_a_worker_waiting_for_its_turn_to_warm_up_opens_its_reader_when_it_comes(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker k makes its reader (the dataset's iterator) only once worker k-1 has made its first
+    batch: not while the training process forks the rest and the first workers read."""
+    log = tmp_path / "workers.log"
+    ds = tidal.Dataset(data).shuffle(seed=2, block_size=40).map(functools.partial(logged_by_worker, log=str(log)))
+    ds = ds.batch(4)
+    plain = ids(tidal.DataLoader(ds, num_workers=4))
+    log.unlink()
+    real = tidal.Dataset.iterator
+
+    def iterator(self: tidal.Dataset, *args: Any, **kwargs: Any) -> Any:
+        with open(log, "a") as f:
+            f.write(f"open {os.getpid()}\n")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tidal.Dataset, "iterator", iterator)  # (forked workers have it)
+    monkeypatch.setenv("TIDAL_WARMUP_WORKERS", "1")
+    assert ids(tidal.DataLoader(ds, num_workers=4, multiprocessing_context="fork")) == plain
+    lines = [line.split() for line in log.read_text().splitlines()]
+    worker_of = {pid: int(w) for w, pid in lines if w != "open"}
+    read_before: dict[int, int] = {}  # per worker: the records of the worker before it read before it opened
+    for i, (what, pid) in enumerate(lines):
+        if what == "open" and worker_of[pid] > 0:
+            before = str(worker_of[pid] - 1)
+            read_before[worker_of[pid]] = sum(1 for w, _ in lines[:i] if w == before)
+    assert sorted(read_before) == [1, 2, 3]
+    assert all(n >= 4 for n in read_before.values()), read_before
 
 
 FORKSERVER = """

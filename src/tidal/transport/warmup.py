@@ -7,7 +7,10 @@ added (2.5 s with 2 workers, 5.2 s with 8, on 2 cores). Here a worker makes its 
 only once fewer than ``slots`` workers before it in the loop's order are still making theirs
 (:func:`tidal.env.warmup_workers`):
 the first batches come as soon as with as many workers as cores, and the later workers fill
-their blocks while the loop works through the first batches.
+their blocks while the loop works through the first batches. A worker waiting for its turn
+makes its reader only when the turn comes, so that it takes no core from the training process
+forking the rest, or from the first workers reading (8 forked workers: 0.218 -> 0.196 s to the
+first batch).
 
 What every reader imports on first use (numpy's ``random`` and ``ma``, imported by numpy only when
 asked for; the modules of the data's formats; pack's, which the loader's metrics look for) is
@@ -24,7 +27,7 @@ import importlib
 import multiprocessing
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from tidal import env
@@ -46,14 +49,15 @@ class WarmupGate:
         self.ready = context.Value("i", 0)
         self.workers, self.first, self.slots = workers, first, slots
 
-    def gated(self, batches: Iterator[T], worker: int) -> Iterator[T]:
-        """``batches``, their first made once this worker's turn to warm up has come."""
+    def gated(self, opened: Callable[[], Iterator[T]], worker: int) -> Iterator[T]:
+        """The batches ``opened()`` makes, opened once this worker's turn to warm up has come."""
         turn = (worker - self.first) % self.workers
         deadline = time.monotonic() + PATIENCE_S
         # a worker whose training process was killed is ended by tidal.transport.orphans
         while turn >= self.ready.value + self.slots and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         try:
+            batches = opened()
             first = next(batches, None)
         finally:  # made, ended or failed: the next worker's turn either way
             with self.ready.get_lock():

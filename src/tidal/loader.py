@@ -493,8 +493,10 @@ class DataLoader(torch.utils.data.DataLoader):
         system to free what its killed workers held (the finalizer, at the loader's end, waits)."""
         found = early.dropped.detach()
         if found is not None:
-            _, stop, args, _ = found
-            stop(*args, wait=False)
+            _, stop, args, kwargs = found
+            if stop is _abandoned:  # (a subclass's readers, tidal.ray's actors, stop their own way)
+                kwargs = {**kwargs, "wait": False}
+            stop(*args, **kwargs)
         if getattr(self, "_iterator", None) is early.bundles:  # persistent workers
             self._iterator = None
 

@@ -61,8 +61,9 @@ class Dataset:
       ``tidal``) and ``iterator.stats()`` counts ``skipped`` records and ``bad_files``.
       A file that cannot be indexed (say, a truncated ``.jsonl.zst``) is skipped whole:
       it counts no records, since records before the damage cannot be checked (the CRC or
-      checksum comes at the end); a file damaged past its index (a Parquet row group, an
-      Arrow batch, a CSV segment) loses that part; a bad record only itself.
+      checksum comes at the end); a file damaged past its index (an Arrow batch, a CSV
+      segment, the 256 rows of a Parquet row group a damaged page is in) loses that part;
+      a bad record only itself.
     - a function ``fn(error)``, given each such error (a ``RecordError``, or a
       ``FormatError`` for a file or part of one): return to skip it (counted as with
       ``"skip"``, not logged: the function logs if it wants to), raise to stop. Define it

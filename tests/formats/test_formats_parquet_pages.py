@@ -52,8 +52,9 @@ def _starts(path: Path, group: int, row: int) -> dict[str, int]:
         {"use_dictionary": False, "compression": "zstd"},
         {"compression": "none", "write_page_checksum": True},
         {"write_statistics": False, "data_page_version": "2.0", "compression": "lz4"},
+        {"dictionary_pagesize_limit": 1024, "write_page_checksum": True},
     ],
-    ids=["v1-dictionary-snappy", "v2", "plain-zstd", "uncompressed-crc", "v2-no-statistics-lz4"],
+    ids=["v1-dictionary-snappy", "v2", "plain-zstd", "uncompressed-crc", "v2-no-statistics-lz4", "dictionary-full"],
 )
 def test_slices_deep_in_a_row_group_read_the_rows_arrow_reads(tmp_path: Path, options: dict) -> None:
     path = tmp_path / "a.parquet"
@@ -72,6 +73,37 @@ def test_slices_deep_in_a_row_group_read_the_rows_arrow_reads(tmp_path: Path, op
             want = table.select(columns or table.column_names)
             assert got.equals(want.slice(a, z - a), check_metadata=True), (columns, a, z)
             assert more.equals(want.slice(z, min(300, ROWS - z))), (columns, a, z)
+
+
+def test_a_dictionary_no_page_from_the_slice_on_needs_is_passed_over(tmp_path: Path) -> None:
+    """A writer fills a column's dictionary with its first values and writes the rest plain: a slice
+    in the plain pages does not decode the dictionary (patched as the pages before it are); a slice
+    with dictionary-encoded pages after its start does."""
+    path = tmp_path / "a.parquet"
+    table = pa.table({"id": range(ROWS), "text": [f"{i}:" + "z" * (i % 30) for i in range(ROWS)]})
+    pq.write_table(
+        table, path, row_group_size=ROWS, data_page_size=512, write_batch_size=50, dictionary_pagesize_limit=2048
+    )
+    pf = pq.ParquetFile(path)
+    pages = Pages(str(path), pf.metadata, [False, False], str(path))
+    try:
+        text = next(leaf for leaf in pages.leaves(0) or [] if leaf.column == "text").pages
+        assert text is not None and text[0].kind == parquet_pages.DICTIONARY_PAGE
+        data = [p for p in text if p.kind != parquet_pages.DICTIONARY_PAGE]
+        plain_from = next(k for k, p in enumerate(data) if p.plain)
+        assert plain_from > 0 and all(p.plain for p in data[plain_from:])  # the dictionary filled, then plain
+        first_plain = sum(p.held for p in data[:plain_from])
+        deep, early = pages.skips(0, first_plain + 500), pages.skips(0, first_plain - 1)
+    finally:
+        pages.close()
+    assert text[0].at in deep[1] and text[0].at not in early[1]
+    assert 0 < early[0]["text"] < first_plain  # pages skipped, the dictionary kept for those after
+    info = parquet.scan(str(path), None)
+    for a in (first_plain - 1, first_plain, first_plain + 500, ROWS - 1):
+        reader = parquet.open(str(path), None, info, None, "raise")
+        assert reader.read(a, a + 1).table.equals(table.slice(a, 1)), a
+        assert reader.read(a + 1, ROWS).table.equals(table.slice(a + 1)), a  # the stream goes on past it
+        reader.close()
 
 
 def test_page_headers_longer_than_one_read_are_read_whole(tmp_path: Path) -> None:
@@ -198,8 +230,9 @@ def test_a_page_whose_type_byte_is_damaged_is_an_error_not_shifted_rows(tmp_path
     info = parquet.scan(str(path), None)
     for columns in (None, ["text"]):
         reader = parquet.open(str(path), None, info, columns, "raise")
-        with pytest.raises(tidal.RecordError, match=r"a.parquet, row 0: unreadable row group 0"):
-            reader.read(rows // 2 + 60, rows // 2 + 160)  # past the page, before the group's last batch
+        a, z = rows // 2 + 60, rows // 2 + 160  # past the page, before the group's last batch
+        with pytest.raises(tidal.RecordError, match=rf"a.parquet, row {a}: unreadable row group 0 \(rows {a}..{z}\)"):
+            reader.read(a, z)
         reader.close()
 
 

@@ -248,3 +248,89 @@ def test_a_bad_record_in_a_first_batch_is_reported_once_by_the_block_read_whole(
     lost = {(f, i if fmt != "bad-parquet" else i // GROUP) for f, rows in BAD.items() for i in rows}
     groups = [min(GROUP, SIZES[f] - g * GROUP) for f, g in lost]  # a damaged Parquet group: all its rows
     assert outcomes[0][3]["skipped"] == (len(lost) if fmt != "bad-parquet" else sum(groups))
+
+
+LONG = 1100  # rows per row group: past a batch of a stream, so read from its pages, in strips
+
+
+def long_id(f: int, i: int) -> int:
+    return 10_000 * f + i
+
+
+def long_groups(root: Path) -> tuple[set[int], set[int]]:
+    """Two Parquet files of 2 row groups of ``LONG`` rows, small pages, a text column whose
+    dictionary fills early (the rest plain), page checksums; one plain page of the second file's
+    first group damaged. The ids of its rows, and of the strips of ``STRIP_ROWS`` rows it is in."""
+    from tidal.formats.parquet import STRIP_ROWS
+    from tidal.formats.parquet_pages import DICTIONARY_PAGE, Pages, _header
+
+    root.mkdir()
+    page: set[int] = set()
+    lost: set[int] = set()
+    for f in range(2):
+        rows = [{"id": long_id(f, i), "text": f"doc {long_id(f, i)} " + "x" * (i % 23)} for i in range(2 * LONG)]
+        path = root / f"f{f}.parquet"
+        pq.write_table(
+            pa.Table.from_pylist(rows),
+            path,
+            row_group_size=LONG,
+            data_page_size=512,
+            write_batch_size=20,
+            dictionary_pagesize_limit=4096,
+            write_page_checksum=True,
+        )
+        if f == 1:
+            pf = pq.ParquetFile(path)
+            pages = Pages(str(path), pf.metadata, [False, False], str(path))
+            text = [p for p in (pages.leaves(0) or [])[1].pages or [] if p.kind != DICTIONARY_PAGE]
+            k = next(k for k, p in enumerate(text) if p.plain and sum(q.held for q in text[:k]) > 600)
+            first = sum(p.held for p in text[:k])
+            header = _header(pages.fd, text[k].at, str(path))
+            pages.close()
+            assert header is not None
+            data = bytearray(path.read_bytes())
+            data[text[k].at + header[1] + 5] ^= 0xFF  # a byte of its values: its checksum no longer holds
+            path.write_bytes(bytes(data))
+            page = {long_id(f, i) for i in range(first, first + text[k].held)}
+            for s in range(first // STRIP_ROWS, (first + text[k].held - 1) // STRIP_ROWS + 1):
+                lost |= {long_id(f, i) for i in range(s * STRIP_ROWS, min(LONG, (s + 1) * STRIP_ROWS))}
+    return page, lost
+
+
+@pytest.mark.parametrize(
+    ("seed", "topology", "cut"),
+    [(0, (0, 1, 0, 1), 40), (5, (1, 2, 0, 1), 3), (None, (0, 1, 1, 2), 45), (9, (2, 3, 1, 2), 0)],
+)
+def test_a_damaged_page_of_a_long_row_group_costs_its_strip_and_point_reads_give_what_whole_blocks_give(
+    tmp_path: Path, seed: int | None, topology: tuple[int, int, int, int], cut: int
+) -> None:
+    """A point read decodes the strip of rows its record is in, not the row group's part of the
+    slice; a block read that meets a damaged page skips only the part of that strip it reads.
+    Every batch, state, count and report is the one reading whole blocks gives, resumed or not."""
+    page, lost = long_groups(tmp_path / "d")
+    assert page and page <= lost and len(lost) <= 2 * 256
+    outcomes = []
+    for points in (True, False):
+        reported = Reported()
+        ds = tidal.Dataset(tmp_path / "d", errors=reported)
+        if seed is not None:
+            ds = ds.shuffle(seed=seed, block_size=1500, shards_per_block=2)
+        ds = ds.batch(16, drop_last=False)
+        rank, ranks, worker, workers = topology
+        world = tidal.World(rank=rank, world_size=ranks, worker=worker, num_workers=workers)
+        with contextlib.nullcontext() if points else whole_blocks():
+            items, states, raised, stats = run(ds, world)
+            resumed = run(ds, world, json.loads(states[cut]))
+        outcomes.append((items, states, raised, stats, sorted(reported), resumed))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][2] is None  # the damage reported (by the reader whose share holds it), never raised
+    alone = tidal.Dataset(tmp_path / "d", errors="skip")
+    if seed is not None:
+        alone = alone.shuffle(seed=seed, block_size=1500, shards_per_block=2)
+    it = alone.batch(64, drop_last=False).iterator()
+    read = [int(i) for b in it for i in b["id"].tolist()]
+    skipped = {long_id(f, i) for f in range(2) for i in range(2 * LONG)} - set(read)
+    assert len(read) == len(set(read)) and page <= skipped <= lost  # its page's rows, at most its strip's
+    assert it.stats()["skipped"] == len(skipped)
+    if topology == (0, 1, 0, 1):
+        assert outcomes[0][3]["skipped"] == len(skipped) and outcomes[0][4]

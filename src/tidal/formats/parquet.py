@@ -13,11 +13,13 @@ column's type). A column asked for that a file lacks is null in its records.
 
 What is checked: the footer when a file is scanned; each data page's CRC when it is read,
 where the writer stored one (``pq.write_table(..., write_page_checksum=True)``; Arrow
-does not by default); and every row group read is validated whole (offsets, and UTF-8 in
-string columns), so a damaged page is an error, not garbage or a crash further on. A row
-group that cannot be read is a :class:`~tidal.errors.RecordError` naming the file and its
-first row (skipped whole under ``errors="skip"``); a string that is not UTF-8 is one naming
-its row (only that row skipped).
+does not by default); and every row read is validated (offsets, and UTF-8 in string
+columns), so a damaged page is an error, not garbage or a crash further on. Rows that cannot
+be read are a :class:`~tidal.errors.RecordError` naming the file and the first of them: what
+is skipped under ``errors="skip"`` is at most the strip of ``STRIP_ROWS`` rows of its row
+group that a damaged page is in (the part of it a slice's read meets; the whole row group
+where its page headers are damaged); a string that is not UTF-8 is one naming its row (only
+that row skipped).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from tidal.tables import keep
 
 NAME = "parquet"
 STREAM_ROWS = 1024
+# What bad data costs: a strip of this many rows of a row group (from its first row) that does
+# not decode is skipped whole, decoded alone. It is also what a point read of one row decodes
+# (tidal.stages.points), so that its verdict is the block read's: a few pages, not the row group.
+STRIP_ROWS = 256
 BUFFER = 1 << 20  # a local file is read 1 MiB at a time as its pages are decoded, not a column chunk at once
 
 Source = str | IO[bytes] | Callable[[], IO[bytes]]
@@ -91,12 +97,16 @@ def columns(info: dict) -> list[str] | None:
 
 def around(info: dict, start: int, stop: int, row: int) -> tuple[int, int]:
     """The rows a point read of ``row`` (of a slice ``[start, stop)``) reads so that it finds what
-    reading the slice does: the slice's rows in the row group of ``row``. A reader decodes each row
-    group of a slice on its own (damage in one spoils only its rows), from the same place either
-    way, so the verdict on every row is the slice's (:mod:`tidal.stages.blocks`)."""
+    reading the slice does: the strip of ``row`` (its ``STRIP_ROWS`` rows of its row group), whole,
+    within the slice or not. A slice read that meets damage decodes each of its strips alone and
+    skips those that fail (:meth:`ParquetReader._strips`): a strip that decodes serves its rows
+    either way, and a point read that meets anything falls back to the slice read
+    (:mod:`tidal.stages.blocks`)."""
     starts = np.cumsum(info["row_groups"])
     g = int(np.searchsorted(starts, row, side="right"))
-    return max(start, int(starts[g - 1]) if g else 0), min(stop, int(starts[g]))
+    first = int(starts[g - 1]) if g else 0
+    strip = first + (row - first) // STRIP_ROWS * STRIP_ROWS
+    return strip, min(int(starts[g]), strip + STRIP_ROWS)
 
 
 class ParquetReader:
@@ -132,38 +142,16 @@ class ParquetReader:
         self._columns = [c for c in columns if c in names] if columns is not None else None
         self._errors = errors
         self._starts = np.concatenate([[0], np.cumsum(info["row_groups"])]).astype(np.int64)
-        # The decoded row group the last read ended in: the next slice of this file (the next
-        # block of its group) usually starts there. Dropped once read to its end, so memory
-        # holds one row group per file of the block being read, not per open file.
-        # (group, its rows that were kept or None if it was skipped, which rows were: None = all)
-        self._cached: tuple[int, pa.Table | None, np.ndarray | None] = (-1, None, None)
         self._stream: _Stream | _Columns | None = None  # the row group being decoded front to back
-
-    def _group(self, g: int) -> tuple[pa.Table | None, np.ndarray | None]:
-        if self._cached[0] != g:
-            row, end = int(self._starts[g]), int(self._starts[g + 1])
-            table: pa.Table | None = None
-            kept: np.ndarray | None = None
-            try:  # a page pyarrow passed over leaves a column short of the footer's rows: an error here
-                table = self._file.read_row_group(g, columns=self._columns)
-                if table.num_rows != end - row:
-                    raise ValueError(f"{table.num_rows} rows, the footer says {end - row}")
-                table.validate(full=True)
-            except StorageError:
-                raise  # the network, not the data: never skipped as a bad row group
-            except data_errors() as exc:
-                table, kept = self._salvage(g, table, exc)
-            self._cached = (g, table, kept)
-        return self._cached[1], self._cached[2]
 
     def _streamed(self, g: int, a: int, z: int) -> pa.Table | None:
         """Rows ``[a, z)`` of row group ``g``, decoded front to back a few thousand rows at a
-        time; None when the group must be read whole (damaged: see :meth:`_group`)."""
+        time; None when they must be read strip by strip (damaged: see :meth:`_strips`)."""
         try:
             stream = self._stream
             if stream is None or stream.group != g or stream.row > a or self._leaps(stream, a):
                 self._drop_stream()
-                stream = self._stream = self._start(g, a)
+                stream = self._stream = self._start(g, a, z)
             table = stream.take(a, z)
         except StorageError:
             raise  # the network, not the data: never skipped as a bad row group
@@ -184,13 +172,14 @@ class ParquetReader:
         names = self._columns or self._file.schema_arrow.names
         return bool(patches) and all(starts.get(name, 0) > stream.row for name in names) and skipping()
 
-    def _start(self, g: int, a: int) -> _Stream | _Columns:
-        """Row group ``g`` decoded from row ``a`` on: each column from the page ``a`` is in,
-        where its pages can be skipped, else from the group's first row. A group whose page
-        headers are damaged is a ValueError (see :mod:`tidal.formats.parquet_pages`)."""
+    def _start(self, g: int, a: int, z: int) -> _Stream | _Columns:
+        """Row group ``g`` decoded from row ``a`` on, for rows up to ``z`` first: each column from
+        the page ``a`` is in, where its pages can be skipped, else from the group's first row. A
+        group whose page headers are damaged is a ValueError (see :mod:`tidal.formats.parquet_pages`)."""
         rows = int(self._starts[g + 1] - self._starts[g])
         # A group of one batch is checked whole as it is decoded (see _Stream.take); a longer one
-        # by its page headers, before any row is served.
+        # by its page headers, before any row is served: then its batches may be smaller, only
+        # as many rows as are asked for (a point read decodes its strip, not a batch of pages).
         pages = self._page_headers() if rows > STREAM_ROWS else None
         if pages is None:
             return _Stream(self._file, g, rows, self._columns)
@@ -200,7 +189,7 @@ class ParquetReader:
         starts, patches = pages.skips(g, a) if a else ({}, [])
         names = self._columns or self._file.schema_arrow.names
         if not patches or len(set(names)) < len(names) or not skipping():  # skipping(): pyarrow as expected
-            return _Stream(self._file, g, rows, self._columns)
+            return _Stream(self._file, g, rows, self._columns, batch=z)
         retyped = pq.ParquetFile(
             Retyped(pages.fd, patches),
             metadata=self._file.metadata,
@@ -211,7 +200,9 @@ class ParquetReader:
         by_start: dict[int, list[str]] = {}
         for name in names:
             by_start.setdefault(starts.get(name, 0), []).append(name)
-        streams = [_Stream(retyped if row else self._file, g, rows, cols, row) for row, cols in by_start.items()]
+        streams = [
+            _Stream(retyped if row else self._file, g, rows, cols, row, batch=z - row) for row, cols in by_start.items()
+        ]
         return _Columns(streams, names, self._file.schema_arrow, retyped)
 
     def _page_headers(self) -> Pages | None:
@@ -230,27 +221,58 @@ class ParquetReader:
             self._stream.close()
         self._stream = None
 
-    def _salvage(self, g: int, table: pa.Table | None, exc: BaseException) -> tuple[pa.Table | None, np.ndarray | None]:
-        """A row group that failed: its rows without the strings that are not UTF-8, when that
-        was all that failed; else nothing (the whole group handed to the errors policy)."""
+    def _strips(self, g: int, a: int, z: int) -> tuple[pa.Table | None, np.ndarray]:
+        """Rows ``[a, z)`` of row group ``g``, which did not decode in one stream: each strip of
+        ``STRIP_ROWS`` rows they are in decoded alone (whole, so that its verdict is the same
+        from every slice and every point read of it), those that fail handed to the errors
+        policy; the rows kept, and which were."""
+        tables: list[pa.Table] = []
+        kept = np.ones(z - a, dtype=bool)
+        for s in range(a // STRIP_ROWS * STRIP_ROWS, z, STRIP_ROWS):
+            lo, hi = max(a, s), min(z, s + STRIP_ROWS)
+            table, ok = self._strip(g, s, lo, hi)
+            if table is not None and table.num_rows:
+                tables.append(table)
+            if ok is not None:
+                kept[lo - a : hi - a] = ok
+        return (pa.concat_tables(tables) if tables else None), kept
+
+    def _strip(self, g: int, s: int, lo: int, hi: int) -> tuple[pa.Table | None, np.ndarray | None]:
+        """Rows ``[lo, hi)`` of the strip of row group ``g`` that starts at its row ``s``, decoded
+        alone: those kept, and which were (None: all)."""
         row = int(self._starts[g])
-        if table is not None:
-            kept = _utf8_rows(table)
-            if kept is not None:
-                for i in np.flatnonzero(~kept).tolist():
-                    bad(self._errors, RecordError("a string that is not UTF-8", path=self._path, row=row + i))
+        e = min(s + STRIP_ROWS, int(self._starts[g + 1]) - row)
+        table: pa.Table | None = None
+        try:
+            stream = self._start(g, s, e)
+            try:
+                table = stream.take(s, e, validate=False)
+            finally:
+                stream.close()
+            table.validate(full=True)
+            return table.slice(lo - s, hi - lo), None
+        except StorageError:
+            raise  # the network, not the data: never skipped as bad rows
+        except data_errors() as exc:
+            failure = exc
+        if table is not None:  # decoded, but not valid: without the strings that are not UTF-8, if that is all
+            utf8 = _utf8_rows(table)
+            if utf8 is not None:
+                ok = utf8[lo - s : hi - s]
+                for i in np.flatnonzero(~ok).tolist():
+                    bad(self._errors, RecordError("a string that is not UTF-8", path=self._path, row=row + lo + i))
                 try:
-                    good = keep(table, kept.tolist())
+                    good = keep(table.slice(lo - s, hi - lo), ok.tolist())
                     assert isinstance(good, pa.Table)
                     good.validate(full=True)
-                    return good, kept
+                    return good, ok
                 except data_errors():
                     pass
         error = RecordError(
-            f"unreadable row group {g} (rows {row}..{self._starts[g + 1]}): {exc}", path=self._path, row=row
+            f"unreadable row group {g} (rows {row + lo}..{row + hi}): {failure}", path=self._path, row=row + lo
         )
         bad(self._errors, error)
-        return None, np.zeros(int(self._starts[g + 1]) - row, dtype=bool)
+        return None, np.zeros(hi - lo, dtype=bool)
 
     def read(self, start: int, stop: int) -> Piece:
         if self._columns == []:  # asked only for columns this file lacks: nulls, nothing to decode
@@ -276,25 +298,16 @@ class ParquetReader:
         while pos < stop:
             g_start, g_stop = int(self._starts[g]), int(self._starts[g + 1])
             end = min(stop, g_stop)
-            streamed = self._streamed(g, pos - g_start, end - g_start) if self._cached[0] != g else None
-            if streamed is not None:
-                parts.append(streamed)
-                pos, g = end, g + 1
-                continue
-            table, kept = self._group(g)
-            if kept is not None:  # rows skipped: counted, not yielded
-                if valid is None:
-                    valid = np.ones(stop - start, dtype=bool)
-                valid[pos - start : end - start] = kept[pos - g_start : end - g_start]
+            table = self._streamed(g, pos - g_start, end - g_start)
+            if table is None:  # damaged: strip by strip, the rows skipped counted, not yielded
+                table, kept = self._strips(g, pos - g_start, end - g_start)
+                if not kept.all():
+                    if valid is None:
+                        valid = np.ones(stop - start, dtype=bool)
+                    valid[pos - start : end - start] = kept
             if table is not None:
-                if kept is None:
-                    parts.append(table.slice(pos - g_start, end - pos))
-                else:
-                    before = int(np.count_nonzero(kept[: pos - g_start]))
-                    parts.append(table.slice(before, int(np.count_nonzero(kept[pos - g_start : end - g_start]))))
+                parts.append(table)
             pos, g = end, g + 1
-        if self._cached[0] >= 0 and stop >= self._starts[self._cached[0] + 1]:
-            self._cached = (-1, None, None)  # read to its end: in epoch order no slice comes back to it
         if not parts:
             schema = self._file.schema_arrow
             parts = [schema.empty_table().select(self._columns if self._columns is not None else schema.names)]
@@ -314,14 +327,25 @@ class _Stream:
     where decoding whole row groups cost a burst of every file's group at once (the loop
     then waited on one DataLoader worker while the others sat idle) and held them all."""
 
-    def __init__(self, file: pq.ParquetFile, group: int, rows: int, columns: list[str] | None, start: int = 0):
+    def __init__(
+        self,
+        file: pq.ParquetFile,
+        group: int,
+        rows: int,
+        columns: list[str] | None,
+        start: int = 0,
+        batch: int = STREAM_ROWS,
+    ):
         self.group, self.rows = group, rows
         self.row = start  # the group's row ``_left`` (or the next batch) starts at: pages before ``start`` skipped
-        self._batches = file.iter_batches(STREAM_ROWS, row_groups=[group], columns=columns, use_threads=False)
+        self._batch = max(
+            1, min(STREAM_ROWS, batch)
+        )  # rows a batch decodes (fewer only where page headers were checked)
+        self._batches = file.iter_batches(self._batch, row_groups=[group], columns=columns, use_threads=False)
         self._left: pa.Table | None = None
         self._decoded = start  # the group's rows the batches so far end at
 
-    def take(self, a: int, z: int) -> pa.Table:
+    def take(self, a: int, z: int, validate: bool = True) -> pa.Table:
         """Rows ``[a, z)`` of the group (``a`` at or past the rows already taken), validated."""
         parts: list[pa.Table] = []
         while self.row < z:
@@ -339,15 +363,16 @@ class _Stream:
         if not parts:
             raise ValueError(f"row group {self.group}: no rows {a}..{z}")
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        table.validate(full=True)
+        if validate:
+            table.validate(full=True)
         return table
 
     def _next(self) -> pa.Table:
-        """The group's next ``STREAM_ROWS`` rows or so (fewer where a batch's strings would pass
-        2 GiB), or all that is left of it where that is no more: counted then, so that a group
-        of one batch is checked whole before any of it is served (a page pyarrow passed over
-        leaves it short; a longer group's page headers are checked before it is decoded)."""
-        if self.rows - self._decoded > STREAM_ROWS:
+        """The group's next batch of rows or so (fewer where a batch's strings would pass 2 GiB),
+        or all that is left of it where that is no more: counted then, so that a group of one
+        batch is checked whole before any of it is served (a page pyarrow passed over leaves it
+        short; a longer group's page headers are checked before it is decoded)."""
+        if self.rows - self._decoded > self._batch:
             batch = next(self._batches, None)
             batches = [] if batch is None else [batch]
             self._decoded += batch.num_rows if batch is not None else 0
@@ -378,10 +403,10 @@ class _Columns:
     def row(self) -> int:
         return min(s.row for s in self._streams)
 
-    def take(self, a: int, z: int) -> pa.Table:
+    def take(self, a: int, z: int, validate: bool = True) -> pa.Table:
         columns: dict[str, pa.ChunkedArray] = {}
         for stream in self._streams:
-            table = stream.take(a, z)
+            table = stream.take(a, z, validate)
             columns.update(zip(table.column_names, table.columns, strict=True))
         return pa.Table.from_arrays([columns[f.name] for f in self._schema], schema=self._schema)
 

@@ -11,7 +11,10 @@ group's (a column that is not repeated) make the group damaged, before any of it
 
 **Skipped.** A data page's header says how many rows it holds (a column that is not
 repeated): :meth:`Pages.skips` finds the pages wholly before a slice, which
-:mod:`tidal.formats.parquet_skipping` has pyarrow pass over unread, where that is safe.
+:mod:`tidal.formats.parquet_skipping` has pyarrow pass over unread, where that is safe; and
+the dictionary page too where no page from the slice on is dictionary-encoded. A writer fills
+a dictionary (1 MB by default) with a text column's first values, then writes the rest plain:
+a slice past them decoded the dictionary (2 MB of snappy for long texts) for nothing.
 
 A header this does not parse (pyarrow will say what is wrong with it when it reads it) means
 no skipping for its column, and no verdict on it.
@@ -48,10 +51,12 @@ _CHUNK_META = 3
 _META_PATH, _META_VALUES, _META_COMPRESSED, _META_DATA_PAGE, _META_DICTIONARY_PAGE = 3, 5, 7, 9, 11
 _PAGE_TYPE, _PAGE_COMPRESSED, _PAGE_V1, _PAGE_V2 = 1, 3, 5, 8
 _V1_VALUES, _V2_ROWS = 1, 3
+_V1_ENCODING, _V2_ENCODING = 2, 4
+_DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
 
 _TYPE_FIELD = 0x15  # field 1 (delta 1), an i32: how a header's page type begins
-ZIGZAG = {DATA_PAGE: 0, INDEX_PAGE: 2, DATA_PAGE_V2: 6}  # page types as one-byte zigzag varints
+ZIGZAG = {DATA_PAGE: 0, INDEX_PAGE: 2, DICTIONARY_PAGE: 4, DATA_PAGE_V2: 6}  # page types as one-byte zigzag varints
 _log = logging.getLogger("tidal")
 
 _HEADER_READ = 4096  # a header's first read; one with long statistics is read again, larger
@@ -63,6 +68,7 @@ class Page(NamedTuple):
     kind: int
     held: int  # rows (a v2 data page; a v1 one of a column that is not repeated), else values
     retypable: bool  # whether its type is the header's first byte after the field's
+    plain: bool = False  # a data page whose values are not dictionary-encoded
 
 
 class Leaf(NamedTuple):
@@ -157,6 +163,14 @@ class Pages:
                 continue
             starts[leaf.column] = firsts[k]
             patches += [p.at for p in data[:k]]
+            first = leaf.pages[0] if leaf.pages else None
+            if (
+                first is not None
+                and first.kind == DICTIONARY_PAGE
+                and first.retypable
+                and all(p.plain for p in data[k:])
+            ):
+                patches.append(first.at)  # no page from here on needs it
         return starts, patches
 
 
@@ -347,8 +361,16 @@ def _pages(fd: int, begin: int, end: int, most: int, path: str) -> list[Page] | 
         count = inner.get(_V2_ROWS if kind == DATA_PAGE_V2 else _V1_VALUES) if isinstance(inner, dict) else 0
         if not isinstance(count, int) or count < 0:
             return None
-        retypable = head[0] == _TYPE_FIELD and head[1] in (ZIGZAG[DATA_PAGE], ZIGZAG[DATA_PAGE_V2])
-        out.append(Page(at, kind, count, retypable))
+        retypable = head[0] == _TYPE_FIELD and head[1] in (
+            ZIGZAG[DATA_PAGE],
+            ZIGZAG[DATA_PAGE_V2],
+            ZIGZAG[DICTIONARY_PAGE],
+        )
+        encoding = (
+            inner.get(_V2_ENCODING if kind == DATA_PAGE_V2 else _V1_ENCODING) if isinstance(inner, dict) else None
+        )
+        plain = kind != DICTIONARY_PAGE and isinstance(encoding, int) and encoding not in _DICTIONARY_ENCODINGS
+        out.append(Page(at, kind, count, retypable, plain))
         at += length + size
     return out if at == end else None
 

@@ -89,7 +89,8 @@ class Retyped(io.RawIOBase):
 def skipping() -> bool:
     """Whether pages before a slice may be skipped (:class:`Retyped`): whether the installed
     pyarrow reads a column retyped so from the page its slice starts in, exactly, in each page
-    layout writers use (v1 with a dictionary, v2 with page checksums). Checked once a process,
+    layout writers use (v1 with a dictionary, one that falls back to plain pages, its dictionary
+    page passed over too, and v2 with page checksums). Checked once a process,
     when first asked (about 10 ms); where not, one log line says so and slices are decoded from
     their group's first row."""
     try:
@@ -123,7 +124,11 @@ def _retyped_reads_wrong() -> str | None:
     data = b"".join(t or b"" for t in texts)
     text = pa.Array.from_buffers(pa.string(), rows, [pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
     table = pa.Table.from_arrays([ids, text], names=["id", "text"])
-    layouts = [{}, {"data_page_version": "2.0", "use_dictionary": False, "write_page_checksum": True}]
+    layouts: list[dict[str, Any]] = [
+        {},
+        {"dictionary_pagesize_limit": 128},  # a dictionary full after a few pages: the rest plain
+        {"data_page_version": "2.0", "use_dictionary": False, "write_page_checksum": True},
+    ]
     with tempfile.TemporaryDirectory(prefix="tidal-pages-") as scratch:
         for n, layout in enumerate(layouts):
             path = os.path.join(scratch, f"{n}.parquet")
@@ -136,6 +141,9 @@ def _retyped_reads_wrong() -> str | None:
                 starts, patches = pages.skips(0, row)
                 if not patches or not all(0 < starts.get(c, 0) <= row for c in table.column_names):
                     return f"layout {layout}: no page to skip in the check's own file"
+                dictionaries = {leaf.pages[0].at for leaf in pages.leaves(0) or [] if leaf.pages}
+                if "dictionary_pagesize_limit" in layout and not dictionaries & set(patches):
+                    return f"layout {layout}: no dictionary page to pass over in the check's own file"
                 retyped = pq.ParquetFile(
                     Retyped(pages.fd, patches), metadata=metadata, pre_buffer=False, page_checksum_verification=True
                 )

@@ -8,8 +8,9 @@ read (:mod:`tidal.stages.blocks` reads them; this module plans and assembles). T
 block's: the records are those the loaded block would give at those positions, in that order.
 
 A format reads a point through ``around(info, start, stop, row)``: the rows it reads so that its
-verdict on ``row`` is the one reading the slice ``[start, stop)`` gives (a line alone; a Parquet
-row group's part of the slice). A format without it is read whole, as before.
+verdict on ``row`` is the one reading the slice ``[start, stop)`` gives (a line alone; the strip
+of 256 rows of a Parquet row group, within the slice or not). A format without it is read whole,
+as before.
 
 >>> planned = plan(slices, perm, offset=0, end=8, arounds=[parquet.around] * len(slices), infos=infos)
 >>> pieces = [reader(s).read(a, z) for s, a, z in planned.runs]      # shard, first row, stop

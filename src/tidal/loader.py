@@ -720,7 +720,8 @@ def _abandoned(bundles: Iterator[Bundle], made: list[str], taken: Taken | None =
     if wait:
         _reap(killed, made)
     else:
-        threading.Thread(target=_reap, args=(killed, made), name="tidal-reap", daemon=True).start()
+        # not a daemon: a script that ends at once still releases the rings (it waits ~20 ms)
+        threading.Thread(target=_reap, args=(killed, made), name="tidal-reap").start()
 
 
 def _reap(workers: list[Any], made: list[str]) -> None:

@@ -221,6 +221,34 @@ def test_no_segment_is_left_when_the_training_process_ends_before_reading_every_
     assert "leaked" not in err
 
 
+FORGOTTEN = """
+import sys
+from multiprocessing import shared_memory
+from tidal.transport import rings
+import _posixshmem
+killed, ended, unused = rings.make_rings(3, 1)
+# a worker killed after it unlinked its segment's name, before it told the resource tracker
+_posixshmem.shm_unlink("/" + killed)
+# a worker that mapped and unlinked its segment as it does (the tracker told)
+rings.Ring(ended, 1)
+rings.release([killed, ended, unused])
+print(killed, ended, unused, flush=True)
+"""
+
+
+def test_a_worker_killed_as_it_unlinked_its_segment_leaves_no_leak_warning_at_exit(tmp_path: Path) -> None:
+    """The rings a loader releases are forgotten by the resource tracker whichever way their workers
+    ended: the tracker warned of a "leaked" segment that did not exist when a worker was killed
+    (load_state_dict, a restart) between unlinking its segment's name and telling the tracker."""
+    script = tmp_path / "forgotten.py"
+    script.write_text(FORGOTTEN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    names = done.stdout.split()
+    assert len(names) == 3 and not [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+
+
 def test_text_through_a_slot_and_through_the_pipe_is_the_text() -> None:
     """Strings are written into the slot piece by piece and made straight out of it: multi-byte
     UTF-8, empty strings and empty batches keep their bounds either way."""

@@ -80,10 +80,24 @@ def release(names: list[str]) -> None:
             segment = _mapped.pop(name, None)
         if segment is None:
             continue
-        with contextlib.suppress(FileNotFoundError):
+        try:
             segment.unlink()
+        except FileNotFoundError:  # unlinked by its worker, which then unregistered it, unless killed in between
+            _forget(segment)
         with contextlib.suppress(BufferError):  # a view of it still held somewhere: unmapped when that goes
             segment.close()
+
+
+def _forget(segment: shared_memory.SharedMemory) -> None:
+    """Have the resource tracker forget ``segment``, whether it knows it or not: a worker killed
+    between unlinking its name and telling the tracker left it registered, and the tracker then
+    warned at exit of a "leaked" segment that did not exist. Its set of names takes a second
+    register as one, so registered again, then unregistered, it is gone either way."""
+    from multiprocessing import resource_tracker
+
+    name = segment._name  # type: ignore[attr-defined]  # as SharedMemory registered it: with its slash
+    resource_tracker.register(name, "shared_memory")
+    resource_tracker.unregister(name, "shared_memory")
 
 
 class Ring:

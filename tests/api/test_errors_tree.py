@@ -35,7 +35,6 @@ INTERNAL: dict[Site, tuple[int, str]] = {
     ("formats/mds.py", "_split_list", "ValueError"): (2, "caught in MdsReader.read(): a RecordError"),
     ("formats/mds.py", "MdsReader._value", "ValueError"): (1, "caught in MdsReader.read(): a RecordError"),
     ("formats/mds.py", "MdsReader._sample", "ValueError"): (2, "caught in MdsReader.read(): a RecordError"),
-    ("formats/parquet.py", "ParquetReader._group", "ValueError"): (1, "caught in _group: the row group is salvaged"),
     ("formats/parquet.py", "_Stream.take", "ValueError"): (1, "caught in ParquetReader._streamed"),
     ("formats/parquet.py", "_Stream._next", "ValueError"): (1, "caught in ParquetReader._streamed"),
     ("formats/parquet.py", "ParquetReader._start", "ValueError"): (1, "caught in ParquetReader._streamed"),

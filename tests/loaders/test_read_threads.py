@@ -129,9 +129,13 @@ def test_an_iterator_left_open_at_exit_says_nothing(tmp_path: Path) -> None:
     for f in range(8):
         pq.write_table(pa.table({"id": list(range(f * 5000, f * 5000 + 5000))}), tmp_path / f"{f}.parquet")
     code = (
-        f"import torch, tidal, threading; ds = tidal.Dataset({str(tmp_path)!r}).shuffle(seed=1).repeat().batch(8); "
-        "loader = tidal.DataLoader(ds); it = iter(loader); b = next(it); "
-        "assert any(t.name.startswith('tidal-read_') for t in threading.enumerate())"
+        f"import torch, tidal, threading, time; ds = tidal.Dataset({str(tmp_path)!r}).shuffle(seed=1).repeat().batch(8)\n"
+        "loader = tidal.DataLoader(ds); it = iter(loader); b = next(it)\n"
+        "reading = lambda: any(t.name.startswith('tidal-read_') for t in threading.enumerate())\n"
+        "waited = 0\n"
+        "while not reading() and waited < 500:  # the first batch by point reads: the block's threads come after\n"
+        "    time.sleep(0.01); waited += 1\n"
+        "assert reading()"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

@@ -38,7 +38,7 @@ INTERNAL: dict[Site, tuple[int, str]] = {
     ("formats/parquet.py", "_Stream.take", "ValueError"): (1, "caught in ParquetReader._streamed"),
     ("formats/parquet.py", "_Stream._next", "ValueError"): (1, "caught in ParquetReader._streamed"),
     ("formats/parquet.py", "ParquetReader._start", "ValueError"): (1, "caught in ParquetReader._streamed"),
-    ("formats/parquet_pages.py", "_skip", "ValueError"): (2, "caught in _Groups.get: no verdict on the footer"),
+    ("formats/parquet_pages.py", "_skip", "ValueError"): (2, "caught in Groups.get: no verdict on the footer"),
     ("formats/webdataset.py", "_npy", "ValueError"): (1, "caught in the reader: a RecordError for the sample"),
     ("writers/parquet.py", "infer_schema", "ValueError"): (1, "caught in convert.plan: a SchemaError"),
 }

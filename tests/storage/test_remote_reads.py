@@ -247,3 +247,35 @@ def test_a_remote_blocks_files_are_read_side_by_side_whatever_the_cores(
     with whole_blocks(monkeypatch):
         assert sorted(r["id"] for r in ds) == list(range(400))
     assert flight["most"] == 1
+
+
+def test_a_point_read_in_a_large_remote_row_group_fetches_the_group_only_up_to_its_record(
+    s3: S3Server, bucket: str, tmp_path: Path, proxy: FaultProxy, in_place: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record's strip is decoded from its row group's first row (a remote file's page headers
+    are not read): the group is fetched as far as the strip, not whole, and the block loading
+    behind the first batch fetches only the rest of it. The footer is one GET."""
+    root = tmp_path / "data"
+    root.mkdir()
+    rows = 8000
+    for f in range(2):  # one row group of 8 MB a file, pages of 2,048 rows
+        ids = list(range(f * rows, (f + 1) * rows))
+        table = pa.table({"id": ids, "blob": [os.urandom(BLOB) for _ in ids]})
+        pq.write_table(table, root / f"p{f}.parquet", use_dictionary=["id"])
+    size = sum(p.stat().st_size for p in root.iterdir())
+    url = s3.upload(root, bucket, "one-group")
+    ds = tidal.Dataset(url, storage=storage(s3, proxy, tmp_path / "cache")).batch(2)  # in order: rows 0 and 1
+    asked = sum(proxy.traffic.snapshot()["requests"].values())
+    before = sent(proxy)
+    with held_back(monkeypatch):
+        it = ds.iterator()
+        assert [int(i) for i in next(it)["id"]] == [0, 1]
+        first_bytes = sent(proxy) - before
+        it.close()
+    assert first_bytes < 0.5 * size / 2, first_bytes  # its first page (2 MB) and a little: not the group (8 MB)
+    requests = proxy.traffic.snapshot()["requests"]
+    assert sum(requests.values()) - asked <= 2 * 3, requests  # a file: a HEAD, its footer, its group up to the strip
+    before = sent(proxy)
+    ids = [int(i) for b in ds.iterator() for i in b["id"]]
+    assert ids == list(range(2 * rows))
+    assert size < sent(proxy) - before < 1.05 * size  # the group once: the points' part (2.7 MB) not again

@@ -18,8 +18,10 @@ columns), so a damaged page is an error, not garbage or a crash further on. Rows
 be read are a :class:`~tidal.errors.RecordError` naming the file and the first of them: what
 is skipped under ``errors="skip"`` is at most the strip of ``STRIP_ROWS`` rows of its row
 group that a damaged page is in (the part of it a slice's read meets; the whole row group
-where its page headers are damaged); a string that is not UTF-8 is one naming its row (only
-that row skipped).
+where its page headers are damaged). A file read in place by ranges has no page headers read:
+a strip is decoded from its group's first row, so every strip from the damaged one to the
+group's end is skipped. A string that is not UTF-8 is an error naming its row (only that row
+skipped).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tidal.errors import FormatError, RecordError, StorageError
 from tidal.formats import Errors, Options, Piece, check_options, schemas, source
 from tidal.formats.bad_data import bad, data_errors
 from tidal.formats.parquet_footer import column_bytes
-from tidal.formats.parquet_pages import Pages
+from tidal.formats.parquet_pages import Groups, Pages, bytes_to
 from tidal.formats.parquet_skipping import Retyped, skipping
 from tidal.tables import keep
 
@@ -47,6 +49,7 @@ STREAM_ROWS = 1024
 # (tidal.stages.points), so that its verdict is the block read's: a few pages, not the row group.
 STRIP_ROWS = 256
 BUFFER = 1 << 20  # a local file is read 1 MiB at a time as its pages are decoded, not a column chunk at once
+LEAN_BUFFER = 1 << 20  # what a point read of a remote file fetches past its estimate: a page
 
 Source = str | IO[bytes] | Callable[[], IO[bytes]]
 
@@ -115,6 +118,10 @@ class ParquetReader:
         where = source(path, info)
         self._file = _open_file(path, where)
         self._local = where if isinstance(where, str) and os.path.isfile(where) else None  # pages can be read
+        self._where = where
+        self._lean: pq.ParquetFile | None = None  # a remote file read as far as a point read needs (point)
+        self._pointing, self._until = False, 0
+        self._groups: Groups | None = None  # the footer's row groups, where a point read asks
         self._pages: Pages | None = None
         try:
             names = self._file.schema_arrow.names
@@ -140,6 +147,10 @@ class ParquetReader:
                 ]
             )
         self._columns = [c for c in columns if c in names] if columns is not None else None
+        # a row's compressed bytes, on average over the file, of the columns read: what a point read fetches
+        sizes = info.get("column_bytes") or {}
+        wanted = self._columns if columns is not None else list(sizes)
+        self._row_bytes = sum(int(sizes.get(c, 0)) for c in wanted or []) / max(1, sum(info["row_groups"]))
         self._errors = errors
         self._starts = np.concatenate([[0], np.cumsum(info["row_groups"])]).astype(np.int64)
         self._stream: _Stream | _Columns | None = None  # the row group being decoded front to back
@@ -178,11 +189,18 @@ class ParquetReader:
         group whose page headers are damaged is a ValueError (see :mod:`tidal.formats.parquet_pages`)."""
         rows = int(self._starts[g + 1] - self._starts[g])
         # A group of one batch is checked whole as it is decoded (see _Stream.take); a longer one
-        # by its page headers, before any row is served: then its batches may be smaller, only
-        # as many rows as are asked for (a point read decodes its strip, not a batch of pages).
+        # by its page headers where they can be read, before any row is served. Its batches may
+        # then be smaller, only as many rows as are asked for (a point read decodes its strip, not
+        # a batch of pages); so too a long group of a file read by ranges (no page headers read),
+        # decoded from its first row: a point read as far as its last row, never less far than a
+        # read of the strip alone (see ParquetReader._strips), which then finds what it found.
         pages = self._page_headers() if rows > STREAM_ROWS else None
         if pages is None:
-            return _Stream(self._file, g, rows, self._columns)
+            if not (self._pointing and self._local is None and callable(self._where)):
+                return _Stream(self._file, g, rows, self._columns, batch=z if rows > STREAM_ROWS else STREAM_ROWS)
+            until = max(z, min(rows, self._until - int(self._starts[g])))
+            batch = until if rows > STREAM_ROWS else STREAM_ROWS
+            return _Stream(self._lean_file(g, until), g, rows, self._columns, batch=batch)
         damage = pages.damage(g, rows)
         if damage is not None:
             raise ValueError(damage)
@@ -204,6 +222,29 @@ class ParquetReader:
             _Stream(retyped if row else self._file, g, rows, cols, row, batch=z - row) for row, cols in by_start.items()
         ]
         return _Columns(streams, names, self._file.schema_arrow, retyped)
+
+    def _lean_file(self, g: int, z: int) -> pq.ParquetFile:
+        """For point reads of a file read by ranges, up to row ``z`` of a row group: the file read
+        a buffer at a time as its pages are decoded, not the group's column chunks fetched whole
+        first (``pre_buffer``): a record's strip, decoded from its group's first row, needs the
+        group only up to it. The buffer: about the bytes of ``z`` rows and a page, so that a
+        column's part is one GET, not one per buffer. The footer is the one read already."""
+        assert callable(self._where)
+        if self._lean is not None:
+            self._lean.close(force=True)  # the last point read's: no stream reads it any more
+        if self._groups is None:
+            self._groups = Groups(self._file.metadata)
+        known = bytes_to(self._groups, g, z, self._columns)
+        guess = known if known is not None else int(z * self._row_bytes)
+        buffer = min(int(1.1 * guess) + LEAN_BUFFER, 1 << 30)
+        self._lean = pq.ParquetFile(
+            self._where(),
+            metadata=self._file.metadata,
+            pre_buffer=False,
+            buffer_size=buffer,
+            page_checksum_verification=True,
+        )
+        return self._lean
 
     def _page_headers(self) -> Pages | None:
         """The file's page headers, where it is a local file whose footer says where they are."""
@@ -274,6 +315,17 @@ class ParquetReader:
         bad(self._errors, error)
         return None, np.zeros(hi - lo, dtype=bool)
 
+    def point(self, start: int, stop: int, until: int | None = None) -> Piece:
+        """:meth:`read`, for a point read (:mod:`tidal.stages.points`): the same rows, but of a file
+        read by ranges only the bytes up to them are fetched, not their row group's whole.
+        ``until``: the end of the last of the point reads of this file that follow (a GET each, not
+        one per read)."""
+        self._pointing, self._until = True, max(stop, until or 0)
+        try:
+            return self.read(start, stop)
+        finally:
+            self._pointing = False
+
     def read(self, start: int, stop: int) -> Piece:
         if self._columns == []:  # asked only for columns this file lacks: nulls, nothing to decode
             assert self._target is not None
@@ -317,6 +369,8 @@ class ParquetReader:
         self._drop_stream()
         if self._pages is not None:
             self._pages.close()
+        if self._lean is not None:
+            self._lean.close(force=True)
         self._file.close(force=True)  # also a file object it was given
 
 

@@ -86,7 +86,7 @@ class Pages:
         self._path, self._repeated = path, repeated
         self.fd = os.open(local, os.O_RDONLY)
         self._close = os.close  # held: a reader may be closed at interpreter exit, its modules gone
-        self._groups = _Groups(metadata)
+        self._groups = Groups(metadata)
         self._last: tuple[int, list[Leaf] | None] = (-1, None)
 
     def leaves(self, group: int) -> list[Leaf] | None:
@@ -174,7 +174,29 @@ class Pages:
         return starts, patches
 
 
-class _Groups:
+def bytes_to(groups: Groups, group: int, row: int, columns: list[str] | None) -> int | None:
+    """About the bytes a column chunk of ``group`` (the largest of ``columns``, None: all) is read
+    to decode its rows up to ``row``, from the footer alone: its dictionary page, and its data in
+    proportion. What a point read of a file read by ranges fetches at once (:mod:`tidal.formats.parquet`);
+    None where the footer does not say."""
+    found = groups.get(group)
+    if found is None:
+        return None
+    rows, chunks = found
+    most = 0
+    for meta in chunks:
+        names, size = meta.get(_META_PATH), meta.get(_META_COMPRESSED)
+        data, dictionary = meta.get(_META_DATA_PAGE), meta.get(_META_DICTIONARY_PAGE)
+        if not names or not isinstance(size, int) or not isinstance(data, int):
+            return None
+        if columns is not None and names[0].decode("utf-8", "replace") not in columns:
+            continue
+        head = data - dictionary if isinstance(dictionary, int) and 0 < dictionary < data else 0
+        most = max(most, head + (size - head) * min(row, rows) // max(1, rows))
+    return most
+
+
+class Groups:
     """The row groups of a footer, read from its Thrift as far as asked for, each group's column
     chunks only where their pages are. A footer of hundreds of groups is 100s of KB; read from the
     middle (a resume), half of it is passed over, at about 0.1 µs a byte. The bytes are pyarrow's

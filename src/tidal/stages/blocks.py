@@ -188,7 +188,8 @@ class BlockReader:
             by_file.setdefault(shard, []).append(i)
 
         def read(shard: int) -> list[Piece]:
-            return [self._read_held(*runs[i]) for i in by_file[shard]]
+            until = max(runs[i][2] for i in by_file[shard])
+            return [self._read_held(*runs[i], point=until) for i in by_file[shard]]
 
         if len(by_file) < 2:
             return [piece for shard in by_file for piece in read(shard)]
@@ -334,9 +335,15 @@ class BlockReader:
             self._read_sizes = sizes
         return int(self._read_sizes[shard])
 
-    def _read_held(self, index: int, a: int, z: int) -> Piece:
+    def _read_held(self, index: int, a: int, z: int, point: int | None = None) -> Piece:
+        """Rows ``[a, z)`` of shard ``index``; ``point``: for point reads of it up to that row (a
+        format that reads those differently, Parquet by ranges, says so with a ``point`` method)."""
         with self._readers.using(index) as reader:
-            return reader.unparsed(a, z) if self.parse is not None else reader.read(a, z)  # type: ignore[attr-defined]
+            if self.parse is not None:
+                return reader.unparsed(a, z)  # type: ignore[attr-defined]
+            if point is not None and hasattr(reader, "point"):
+                return reader.point(a, z, point)
+            return reader.read(a, z)
 
     def _read_ahead(self, order: EpochOrder, b: int) -> None:
         """Start reading the block this reader takes after block ``b - 1`` (block ``b``, the next

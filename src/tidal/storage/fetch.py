@@ -265,6 +265,10 @@ def gone(entry: Entry, why: str | None = None) -> StorageError:
 
 
 KEPT_BYTES = 256 << 20  # the most that point reads keep for the block behind them
+# A Parquet footer is read from the file's end: its length, then (often past the first 64 KB
+# pyarrow reads) the footer again. So the first read that ends at a file's end reads this much,
+# or 1/64 of the file if less: the footer in one request, not two.
+TAIL_BYTES = 256 << 10
 
 
 class Kept:
@@ -287,6 +291,23 @@ class Kept:
                 if at <= start and start + n <= at + len(data):
                     return data[start - at : start - at + n]
         return None
+
+    def head(self, url: str, start: int, n: int) -> bytes:
+        """The first of bytes ``[start, start + n)`` of ``url`` that kept ranges hold end to end
+        (none: empty). Point reads fetch a row group a buffer at a time up to their records; the
+        block behind them reads the group whole, and fetches only the rest."""
+        parts: list[bytes] = []
+        at, end = start, start + n
+        with self._lock:
+            ranges = sorted(self._ranges.get(url, ()), key=lambda r: r[0])
+            for lo, data in ranges:
+                if lo <= at < lo + len(data):
+                    take = data[at - lo : min(len(data), end - lo)]
+                    parts.append(take)
+                    at += len(take)
+                    if at >= end:
+                        break
+        return b"".join(parts)
 
     def put(self, url: str, start: int, data: bytes) -> None:
         """Keep ``data`` (bytes of ``url`` from ``start``) while keeping, and within the limit."""
@@ -335,6 +356,9 @@ class RangeFile(io.RawIOBase):
         self._pos = 0
         self._whole: bytes | None = None  # all of the file, where its server ignores Range
         self._last: tuple[int, bytes] = (0, b"")  # the last window read (with ``window``)
+        self._tail: tuple[int, bytes] | None = None  # the file's last TAIL_BYTES: a footer and what it asks for
+        self._tailed = False
+        self._tail_bytes = min(TAIL_BYTES, size // 64)  # (never more than 1/64 of the file)
 
     def __repr__(self) -> str:
         return f"RangeFile({redact(self.url)!r})"
@@ -365,7 +389,15 @@ class RangeFile(io.RawIOBase):
                 self._last = (lo, self._range(lo, min(self.size, -(-(self._pos + n) // w) * w)))
             at, last = self._last
             data = last[self._pos - at : self._pos - at + n]
+        elif self._tail is not None and self._tail[0] <= self._pos:
+            at, tail = self._tail
+            data = tail[self._pos - at : self._pos - at + n]
+        elif self._pos + n == self.size and n < self._tail_bytes and not self._tailed:  # a footer's first read
+            at = self.size - self._tail_bytes
+            self._tail, self._tailed = (at, self._range(at, self.size)), True
+            data = self._tail[1][self._pos - at :]
         else:
+            self._tail = None  # the footer is read: its memory let go
             data = self._range(self._pos, self._pos + n)
         memoryview(buffer).cast("B")[:n] = data
         self._pos += n
@@ -376,6 +408,9 @@ class RangeFile(io.RawIOBase):
         kept = self._kept.get(self.url, start, end - start) if self._kept is not None else None
         if kept is not None:
             return kept
+        head = self._kept.head(self.url, start, end - start) if self._kept is not None else b""
+        if head:  # what point reads fetched of it, then the rest
+            return head + self._range(start + len(head), end)
         t0 = time.monotonic()
         if self._whole is None and self._remote.ignores_ranges(self.url):  # the server sends all: once
             self._whole = self._remote.cat(self.url, size=self.size, check=self._check)

@@ -183,31 +183,41 @@ class ParquetReader:
         names = self._columns or self._file.schema_arrow.names
         return bool(patches) and all(starts.get(name, 0) > stream.row for name in names) and skipping()
 
-    def _start(self, g: int, a: int, z: int) -> _Stream | _Columns:
+    def _start(self, g: int, a: int, z: int, exact: bool = False) -> _Stream | _Columns:
         """Row group ``g`` decoded from row ``a`` on, for rows up to ``z`` first: each column from
         the page ``a`` is in, where its pages can be skipped, else from the group's first row. A
-        group whose page headers are damaged is a ValueError (see :mod:`tidal.formats.parquet_pages`)."""
+        group whose page headers are damaged is a ValueError (see :mod:`tidal.formats.parquet_pages`).
+        ``exact`` (a strip read alone) and point reads: a column entered at a later page decodes
+        to ``z`` and no further."""
         rows = int(self._starts[g + 1] - self._starts[g])
+        exact = exact or self._pointing
+
         # A group of one batch is checked whole as it is decoded (see _Stream.take); a longer one
-        # by its page headers where they can be read, before any row is served. Its batches may
-        # then be smaller, only as many rows as are asked for (a point read decodes its strip, not
-        # a batch of pages); so too a long group of a file read by ranges (no page headers read),
-        # decoded from its first row: a point read as far as its last row, never less far than a
-        # read of the strip alone (see ParquetReader._strips), which then finds what it found.
+        # by its page headers where they can be read, before any row is served. Its batches may be
+        # fewer rows, as many as are asked for. A point read decodes each column at least as far as
+        # any strip it reads would alone (see _strips), so that one that decodes finds what they
+        # would: from the first row, in batches of STREAM_ROWS from there (the further a strip
+        # ends, the further they go); entered at a later page, to the end asked for, no further
+        # (a page and a strip at most: memory stays bounded).
+        def batch(row: int, end: int) -> int:
+            return end - row if exact and row > 0 else min(STREAM_ROWS, end - row)
+
         pages = self._page_headers() if rows > STREAM_ROWS else None
         if pages is None:
+            if rows <= STREAM_ROWS:
+                return _Stream(self._file, g, rows, self._columns)
             if not (self._pointing and self._local is None and callable(self._where)):
-                return _Stream(self._file, g, rows, self._columns, batch=z if rows > STREAM_ROWS else STREAM_ROWS)
-            until = max(z, min(rows, self._until - int(self._starts[g])))
-            batch = until if rows > STREAM_ROWS else STREAM_ROWS
-            return _Stream(self._lean_file(g, until), g, rows, self._columns, batch=batch)
+                return _Stream(self._file, g, rows, self._columns, batch=batch(0, z))
+            until = max(z, min(rows, self._until - int(self._starts[g])))  # the point reads' last row here
+            reach = min(rows, -(-until // batch(0, until)) * batch(0, until))  # where their batches end
+            return _Stream(self._lean_file(g, reach), g, rows, self._columns, batch=batch(0, until))
         damage = pages.damage(g, rows)
         if damage is not None:
             raise ValueError(damage)
         starts, patches = pages.skips(g, a) if a else ({}, [])
         names = self._columns or self._file.schema_arrow.names
         if not patches or len(set(names)) < len(names) or not skipping():  # skipping(): pyarrow as expected
-            return _Stream(self._file, g, rows, self._columns, batch=z)
+            return _Stream(self._file, g, rows, self._columns, batch=batch(0, z))
         retyped = pq.ParquetFile(
             Retyped(pages.fd, patches),
             metadata=self._file.metadata,
@@ -219,7 +229,7 @@ class ParquetReader:
         for name in names:
             by_start.setdefault(starts.get(name, 0), []).append(name)
         streams = [
-            _Stream(retyped if row else self._file, g, rows, cols, row, batch=z - row) for row, cols in by_start.items()
+            _Stream(retyped if row else self._file, g, rows, cols, row, batch(row, z)) for row, cols in by_start.items()
         ]
         return _Columns(streams, names, self._file.schema_arrow, retyped)
 
@@ -285,7 +295,7 @@ class ParquetReader:
         e = min(s + STRIP_ROWS, int(self._starts[g + 1]) - row)
         table: pa.Table | None = None
         try:
-            stream = self._start(g, s, e)
+            stream = self._start(g, s, e, exact=True)
             try:
                 table = stream.take(s, e, validate=False)
             finally:
@@ -392,9 +402,7 @@ class _Stream:
     ):
         self.group, self.rows = group, rows
         self.row = start  # the group's row ``_left`` (or the next batch) starts at: pages before ``start`` skipped
-        self._batch = max(
-            1, min(STREAM_ROWS, batch)
-        )  # rows a batch decodes (fewer only where page headers were checked)
+        self._batch = max(1, batch)  # rows a batch decodes
         self._batches = file.iter_batches(self._batch, row_groups=[group], columns=columns, use_threads=False)
         self._left: pa.Table | None = None
         self._decoded = start  # the group's rows the batches so far end at

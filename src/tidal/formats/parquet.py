@@ -196,11 +196,13 @@ class ParquetReader:
         # by its page headers where they can be read, before any row is served. Its batches may be
         # fewer rows, as many as are asked for. A point read decodes each column at least as far as
         # any strip it reads would alone (see _strips), so that one that decodes finds what they
-        # would: from the first row, in batches of STREAM_ROWS from there (the further a strip
-        # ends, the further they go); entered at a later page, to the end asked for, no further
-        # (a page and a strip at most: memory stays bounded).
+        # would: to the end of its last strip and no further, from the first row a strip at a time
+        # (strips end at multiples of STRIP_ROWS), entered at a later page in one batch (a page
+        # and a strip at most: memory stays bounded).
         def batch(row: int, end: int) -> int:
-            return end - row if exact and row > 0 else min(STREAM_ROWS, end - row)
+            if exact:
+                return end - row if row > 0 else STRIP_ROWS
+            return min(STREAM_ROWS, end - row)
 
         pages = self._page_headers() if rows > STREAM_ROWS else None
         if pages is None:

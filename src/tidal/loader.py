@@ -655,24 +655,13 @@ class DataLoader(torch.utils.data.DataLoader):
                 pass
         ledger.pass_ended()
 
-    # held: a loop left unfinished is closed at interpreter exit, its modules' globals gone (torch's
-    # own shutdown is what runs then)
-    _abandon, _finalizing = staticmethod(abandon), staticmethod(sys.is_finalizing)
-
     def _stop_workers(self, bundles: Iterator[Bundle]) -> None:
         """Stop torch's worker processes now. Left to torch's ``__del__``, an iterator caught in a
         reference cycle (an exception's traceback holds it) is collected after its queues were
-        closed, and each worker then waits out torch's 5 s join instead of being told to stop.
-        Killed, not asked: torch's shutdown lets each finish the batch it is making, and nothing
-        reads it. ``next(iter(loader))`` waited 1.7 s after its batch for workers loading the
-        block behind their first batch's point reads (8 Parquet files of 137 MB over a slow link)."""
-        if getattr(bundles, "_workers", None) is not None and not self._finalizing():  # torch's workers
-            for worker in self._abandon(bundles):
-                worker.join()
-        else:
-            stop = getattr(bundles, "_shutdown_workers", None)  # another iterator's (tidal.ray's actors)
-            if stop is not None:
-                stop()
+        closed, and each worker then waits out torch's 5 s join instead of being told to stop."""
+        stop = getattr(bundles, "_shutdown_workers", None)
+        if stop is not None:
+            stop()
         if getattr(self, "_iterator", None) is bundles:  # persistent workers: start afresh next time
             self._iterator = None
 

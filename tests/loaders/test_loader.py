@@ -146,35 +146,6 @@ def test_a_loop_that_breaks_off_stops_the_read_ahead_thread_and_the_workers(data
         assert set(multiprocessing.active_children()) <= before
 
 
-_mapped_here = Counter[int]()
-
-
-def finished_late(record: dict, marks: str) -> dict:
-    """The records after a worker process's first 2 take long, and leave a mark once made."""
-    _mapped_here[os.getpid()] += 1
-    if _mapped_here[os.getpid()] > 2:
-        time.sleep(1.0)
-        Path(marks, f"{os.getpid()}-{record['id']}").touch()
-    return record
-
-
-def test_a_dropped_iterator_stops_its_workers_without_waiting_for_the_batch_they_are_making(
-    tmp_path: Path, data: Path
-) -> None:
-    """``next(iter(loader))``: the iterator is dropped at once; its workers, each making its next
-    batch, are stopped there, not asked to finish it first (torch's shutdown waits for it: the
-    block a worker loads behind its first batch's point reads took seconds over a slow link)."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    ds = tidal.Dataset(data).map(functools.partial(finished_late, marks=str(marks))).batch(2)
-    before = set(multiprocessing.active_children())
-    first = next(iter(tidal.DataLoader(ds, num_workers=2)))
-    assert len(first["id"]) == 2
-    assert set(multiprocessing.active_children()) <= before  # stopped, and reaped
-    time.sleep(1.5)
-    assert not list(marks.iterdir())  # no batch after the first was made to its end
-
-
 def logged_by_worker(record: dict, log: str) -> dict:
     """Appends the DataLoader worker that reads ``record`` and its process to the file ``log``,
     a line a record."""

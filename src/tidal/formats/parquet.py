@@ -147,10 +147,6 @@ class ParquetReader:
                 ]
             )
         self._columns = [c for c in columns if c in names] if columns is not None else None
-        # a row's compressed bytes, on average over the file, of the columns read: what a point read fetches
-        sizes = info.get("column_bytes") or {}
-        wanted = self._columns if columns is not None else list(sizes)
-        self._row_bytes = sum(int(sizes.get(c, 0)) for c in wanted or []) / max(1, sum(info["row_groups"]))
         self._errors = errors
         self._starts = np.concatenate([[0], np.cumsum(info["row_groups"])]).astype(np.int64)
         self._stream: _Stream | _Columns | None = None  # the row group being decoded front to back
@@ -211,8 +207,7 @@ class ParquetReader:
             if not (self._pointing and self._local is None and callable(self._where)):
                 return _Stream(self._file, g, rows, self._columns, batch=batch(0, z))
             until = max(z, min(rows, self._until - int(self._starts[g])))  # the point reads' last row here
-            reach = min(rows, -(-until // batch(0, until)) * batch(0, until))  # where their batches end
-            return _Stream(self._lean_file(g, reach), g, rows, self._columns, batch=batch(0, until))
+            return _Stream(self._lean_file(g, until), g, rows, self._columns, batch=batch(0, until))
         damage = pages.damage(g, rows)
         if damage is not None:
             raise ValueError(damage)
@@ -246,8 +241,7 @@ class ParquetReader:
             self._lean.close(force=True)  # the last point read's: no stream reads it any more
         if self._groups is None:
             self._groups = Groups(self._file.metadata)
-        known = bytes_to(self._groups, g, z, self._columns)
-        guess = known if known is not None else int(z * self._row_bytes)
+        guess = bytes_to(self._groups, g, z, self._columns) or 0  # (a footer it cannot read: a page at a time)
         buffer = min(int(1.1 * guess) + LEAN_BUFFER, 1 << 30)
         self._lean = pq.ParquetFile(
             self._where(),

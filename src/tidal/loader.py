@@ -71,7 +71,7 @@ from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin,
 from tidal.transport.pool import Ahead, HeadStart, Taken, reporting_when_taken
 from tidal.transport.recycle import RECYCLED
 from tidal.transport.torch import TorchBundle, abandon, as_tensors, widen
-from tidal.world import World
+from tidal.world import World, runs_reader
 
 _log = logging.getLogger("tidal")
 
@@ -94,7 +94,8 @@ class _WorkerStream(torch.utils.data.IterableDataset):
         self.bundled = False
         self.rings: list[str] = []  # each worker's segment of shared memory (tidal.transport.rings); none: the pipe
         self.slots = 0  # slots in each
-        self.warmup: warmup.WarmupGate | None = None  # the order workers make their first batch in; None: all at once
+        self.warmup: warmup.WarmupGate | None = None  # the order workers make their first batch in; None: one worker
+        self.first = 0  # the reader torch's worker 0 runs (see __iter__)
         self.loop: int | None = None  # the process starting the workers now, which they outlive no longer
         self.head_start = 0  # no workers, started early: the first bundles made in a thread from now on
         self.taken: Taken | None = None  # started early: reports of bad data wait until iter() takes the pass
@@ -103,6 +104,12 @@ class _WorkerStream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.bundled:
+            # torch asks its workers for batches from worker 0, the loop from the reader it continues
+            # with: torch's worker 0 runs that reader, so that the first batch waits on no other
+            worker = (worker + self.first) % workers
+            if info is not None:
+                runs_reader(worker)
         world = self.ranks.with_worker(worker, workers)
         state = self.states[worker] if self.bundled and worker < len(self.states) else None
         where = schema.reader_where(world.rank, worker)
@@ -543,6 +550,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if self.num_workers:
             warmup.preload_readers(self.multiprocessing_context)
         gate = self._stream.warmup = warmup.start_gate(self.multiprocessing_context, self.num_workers, first)
+        self._stream.first = first if self.num_workers else 0
         self._stream.head_start = head_start
         try:
             bundles = super().__iter__()
@@ -553,6 +561,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._stream.bundled = False
             self._stream.rings = []
             self._stream.warmup = None
+            self._stream.first = 0
             self._stream.loop = None  # a loader rebuilt from the stream (Accelerate) starts workers of its own
             self._stream.head_start = 0
             self._stream.taken = None

@@ -92,14 +92,26 @@ class World:
 
     @staticmethod
     def current() -> World:
-        """The full topology of the calling process, DataLoader worker included."""
+        """The full topology of the calling process, DataLoader worker included: the reader it
+        runs (see :func:`runs_reader`)."""
         world = World.ranks()
         torch = sys.modules.get("torch")
         if torch is not None:
             info = torch.utils.data.get_worker_info()
             if info is not None:
-                return world.with_worker(info.id, info.num_workers)
+                return world.with_worker(info.id if _reader is None else _reader, info.num_workers)
         return world
+
+
+_reader: int | None = None  # the reader this DataLoader worker process runs, where tidal's loader started it
+
+
+def runs_reader(worker: int) -> None:
+    """This DataLoader worker process runs reader ``worker`` of its rank, not necessarily torch's
+    worker id: torch asks its workers for batches from its worker 0, a resumed loop from the reader
+    it continues with, so tidal's loader starts that reader in torch's worker 0 (:mod:`tidal.loader`)."""
+    global _reader
+    _reader = worker
 
 
 def _jax_processes() -> tuple[int, int] | None:

@@ -28,7 +28,7 @@ import tidal
 
 def _tag_worker(record: dict) -> dict:
     info = torch.utils.data.get_worker_info()
-    return {**record, "worker": -1 if info is None else info.id}
+    return {**record, "worker": -1 if info is None else tidal.World.current().worker}
 
 
 def _dataset(data: str, job: dict) -> tidal.Dataset:

@@ -10,6 +10,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -150,7 +151,7 @@ def logged_by_worker(record: dict, log: str) -> dict:
     """Appends the DataLoader worker that reads ``record`` and its process to the file ``log``,
     a line a record."""
     with open(log, "a") as f:
-        f.write(f"{torch.utils.data.get_worker_info().id} {os.getpid()}\n")
+        f.write(f"{tidal.World.current().worker} {os.getpid()}\n")
     time.sleep(0.003)
     return record
 
@@ -225,6 +226,96 @@ def test_a_worker_waiting_for_its_turn_to_warm_up_opens_its_reader_when_it_comes
             read_before[worker_of[pid]] = sum(1 for w, _ in lines[:i] if w == before)
     assert sorted(read_before) == [1, 2, 3]
     assert all(n >= 4 for n in read_before.values()), read_before
+
+
+def held_but_for(record: dict, reader: int, released: str) -> dict:
+    """``record``, once the file ``released`` exists, but in ``reader`` (a DataLoader worker's reader)."""
+    deadline = time.monotonic() + 120
+    while tidal.World.current().worker != reader and not os.path.exists(released) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return record
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_resumed_loader_s_first_batch_waits_on_no_other_worker(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: str
+) -> None:
+    """Resumed where the loop continues with worker 3 of 4, its first batch comes while workers 0,
+    1 and 2 are held (torch asks its workers from its worker 0, which runs reader 3 then), from
+    workers started all at once too; the reader tidal.World.current() names in each is the
+    state's: the batches are those of a run never stopped."""
+    released = tmp_path / "released"
+    released.touch()
+    hold = functools.partial(held_but_for, reader=3, released=str(released))
+    ds = tidal.Dataset(data).shuffle(seed=4, block_size=40).map(hold).batch(4)
+    plain = ids(tidal.DataLoader(ds, num_workers=4))
+    loader = tidal.DataLoader(ds, num_workers=4)
+    head = ids(list(itertools.islice(loader, 7)))  # the loop continues with worker 3
+    state = loader.state_dict()
+    del loader
+    for warm in ("1", "4"):
+        monkeypatch.setenv("TIDAL_WARMUP_WORKERS", warm)
+        released.unlink()
+        timer = threading.Timer(60, released.touch)  # held for good, the first batch would come after it
+        timer.start()
+        try:
+            resumed = tidal.DataLoader(ds, num_workers=4, multiprocessing_context=context)
+            resumed.load_state_dict(state)
+            it = iter(resumed)
+            first = ids([next(it)])
+            assert not released.exists(), f"the first batch waited for the held workers (warm-up {warm})"
+        finally:
+            timer.cancel()
+        released.touch()
+        assert head + first + ids(list(it)) == plain, f"warm-up {warm}"
+
+
+def test_workers_read_their_first_records_by_point_reads_in_turn_in_the_loop_s_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Local Parquet, 3 workers: each reads its first batch's records by point reads once the
+    worker before it in the loop's order has read its own (they have the cores to themselves),
+    from worker 0, and after a resume from the worker the loop continues with."""
+    from tidal.stages.blocks import BlockReader
+
+    data = make_shards(tmp_path / "data", [300] * 6, kinds=("parquet",))
+    log = tmp_path / "points.log"
+    real = BlockReader._read_points
+
+    def read_points(self: BlockReader, *args: Any) -> Any:
+        reader = tidal.World.current().worker
+        with open(log, "a") as f:
+            f.write(f"{reader} start {time.monotonic()}\n")
+        try:
+            return real(self, *args)
+        finally:
+            with open(log, "a") as f:
+                f.write(f"{reader} end {time.monotonic()}\n")
+
+    monkeypatch.setattr(BlockReader, "_read_points", read_points)  # (forked workers have it)
+    ds = tidal.Dataset(data).shuffle(seed=5, block_size=600).batch(4)
+    plain = ids(tidal.DataLoader(ds, num_workers=3, start_early=False))
+    log.unlink()
+
+    def in_turn(order: list[int]) -> None:
+        spans: dict[int, list[float]] = {}
+        for line in log.read_text().splitlines():
+            reader, _, at = line.split()
+            spans.setdefault(int(reader), []).append(float(at))
+        assert sorted(spans) == sorted(order) and all(len(span) == 2 for span in spans.values()), spans
+        for before, after in itertools.pairwise(order):
+            assert spans[after][0] >= spans[before][1], f"reader {after} read while {before} did ({order})"
+        log.unlink()
+
+    loader = tidal.DataLoader(ds, num_workers=3, start_early=False)
+    head = ids(list(itertools.islice(loader, 5)))  # the loop continues with worker 2
+    in_turn([0, 1, 2])
+    state = loader.state_dict()
+    del loader
+    resumed = tidal.DataLoader(ds, num_workers=3, start_early=False)
+    resumed.load_state_dict(state)
+    assert head + ids(list(resumed)) == plain
+    in_turn([2, 0, 1])
 
 
 FORKSERVER = """

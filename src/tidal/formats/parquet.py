@@ -91,6 +91,12 @@ def scan(path: str, compression: str | None, file: Source | None = None) -> dict
     return {"rows": meta.num_rows, "row_groups": groups, "column_bytes": sizes, "names": names, "types": types}
 
 
+def preload() -> None:
+    """What a process works out once, before DataLoader workers are forked from it
+    (:func:`tidal.transport.warmup.preload_readers`): not again in each of them."""
+    skipping()
+
+
 def columns(info: dict) -> list[str] | None:
     """The top-level columns (from an older index without them: those the row groups hold)."""
     if "names" in info:

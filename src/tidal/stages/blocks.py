@@ -32,7 +32,7 @@ from tidal import closing, env, fork_safe
 from tidal.errors import FormatError, MissingDependency, SchemaError, StorageError, TidalError
 from tidal.formats import Located, Piece, Reader, module, parsed_per_batch, threaded
 from tidal.order import EpochOrder, Intervals
-from tidal.stages import points
+from tidal.stages import points, turns
 from tidal.stages.loaded import Block, Points
 from tidal.stages.owned import Owned
 from tidal.stages.policy import Policy
@@ -86,6 +86,8 @@ class BlockReader:
         remote = plan.storage is not None
         count = env.read_threads(world.num_workers, remote) if threaded(plan.shards.formats) else 0
         self._threads = ReadThreads(count, policy, self._read_held)
+        # point reads (see _read_points): in threads where they add cores or wait on the network
+        self._point_threads = env.read_threads(world.num_workers, remote) if remote else count
         # JSON lines: held as their lines, each batch parsed with this as it is cut (tidal.formats.jsonl);
         # None: records are parsed as they are read
         formats = plan.shards.formats
@@ -154,7 +156,8 @@ class BlockReader:
         self._policy.deferred = probe  # what they meet is reported by the block read whole, not here
         pieces: list[Piece] | None = None
         try:
-            pieces = self._read_points(planned.runs)
+            with turns.point_reads(wait=remote is None) as alone:  # local: one worker at a time
+                pieces = self._read_points(planned.runs, alone)
         except Exception as exc:
             cause = exc.cause if isinstance(exc, NotOpened) else exc
             if isinstance(cause, (StorageError, MissingDependency)):
@@ -180,9 +183,13 @@ class BlockReader:
         table = points.assemble(planned, [p.table for p in pieces], files, shuffled=perm is not None)
         return Points(table, slices, planned.rows, first, end)
 
-    def _read_points(self, runs: list[tuple[int, int, int]]) -> list[Piece]:
+    def _read_points(self, runs: list[tuple[int, int, int]], alone: bool = False) -> list[Piece]:
         """The runs' pieces: a file's runs one after another (a reader reads one thing at a time),
-        the files side by side in threads (opening one may download it)."""
+        the files side by side in threads: for local files where decoding releases the GIL, the
+        reader's share of the cores, the rank's where it reads ``alone`` (its workers' point reads
+        take turns: :mod:`tidal.stages.turns`), not more (8 threads decoding on 2 cores beside
+        another worker's 8 took twice the CPU time, in switches and page faults); for remote ones,
+        more (they wait on the network; opening one may download it)."""
         by_file: dict[int, list[int]] = {}
         for i, (shard, _, _) in enumerate(runs):
             by_file.setdefault(shard, []).append(i)
@@ -191,11 +198,12 @@ class BlockReader:
             until = max(runs[i][2] for i in by_file[shard])
             return [self._read_held(*runs[i], point=until) for i in by_file[shard]]
 
-        if len(by_file) < 2:
+        threads = min(env.read_threads() if alone and self._point_threads else self._point_threads, len(by_file))
+        if threads < 2:
             return [piece for shard in by_file for piece in read(shard)]
         closing.start()
         out: list[Piece | None] = [None] * len(runs)
-        with ThreadPoolExecutor(min(8, len(by_file)), thread_name_prefix="tidal-point") as pool:
+        with ThreadPoolExecutor(threads, thread_name_prefix="tidal-point") as pool:
             for shard, pieces in zip(by_file, pool.map(read, by_file), strict=True):
                 for i, piece in zip(by_file[shard], pieces, strict=True):
                     out[i] = piece

@@ -16,7 +16,8 @@ What every reader imports on first use (numpy's ``random`` and ``ma``, imported 
 asked for; the modules of the data's formats; pack's, which the loader's metrics look for) is
 imported once in the process the workers start from, not once in each worker
 (:func:`preload_readers`): 85 ms of CPU time a worker for numpy's two, and 40 ms for Parquet's and
-the line formats' modules, which 8 workers on 2 cores paid before their first batch, 0.5 s. A
+the line formats' modules, which 8 workers on 2 cores paid before their first batch, 0.5 s; so is
+what a format works out once a process (its ``preload()``: Parquet's check of pyarrow, 10-35 ms). A
 spawned worker starts afresh and imports everything, torch above all (2.6 s of its 3.0 s):
 started early (``start_early``) that is spent while the script restores its model.
 """
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from tidal import env
+from tidal.stages import turns
 
 T = TypeVar("T")
 PATIENCE_S = 60.0  # how long a worker waits for one ahead that never reports (killed)
@@ -47,11 +49,14 @@ class WarmupGate:
 
     def __init__(self, context: Any, workers: int, first: int, slots: int):
         self.ready = context.Value("i", 0)
+        self.pointed = context.Value("i", 0)  # workers whose first point reads are done (tidal.stages.turns)
         self.workers, self.first, self.slots = workers, first, slots
 
     def gated(self, opened: Callable[[], Iterator[T]], worker: int) -> Iterator[T]:
         """The batches ``opened()`` makes, opened once this worker's turn to warm up has come."""
         turn = (worker - self.first) % self.workers
+        points = _PointTurn(self.pointed, turn)
+        turns.take(points)
         deadline = time.monotonic() + PATIENCE_S
         # a worker whose training process was killed is ended by tidal.transport.orphans
         while turn >= self.ready.value + self.slots and time.monotonic() < deadline:
@@ -60,6 +65,7 @@ class WarmupGate:
             batches = opened()
             first = next(batches, None)
         finally:  # made, ended or failed: the next worker's turn either way
+            points.done()
             with self.ready.get_lock():
                 self.ready.value += 1
         if first is None:
@@ -68,13 +74,31 @@ class WarmupGate:
         yield from batches
 
 
+class _PointTurn:
+    """A worker's turn to read its first records by point reads (:mod:`tidal.stages.turns`):
+    once ``turn`` workers before it have read theirs."""
+
+    def __init__(self, pointed: Any, turn: int):
+        self._pointed, self._turn, self._done = pointed, turn, False
+
+    def wait(self) -> None:
+        deadline = time.monotonic() + PATIENCE_S
+        while self._pointed.value < self._turn and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+
+    def done(self) -> None:
+        if not self._done:
+            self._done = True
+            with self._pointed.get_lock():
+                self._pointed.value += 1
+
+
 def start_gate(context: Any, workers: int, first: int) -> WarmupGate | None:
     """The gate of a pass of ``workers`` started from ``context`` (None: the default), or None
-    where they are no more than warm up at once (:func:`tidal.env.warmup_workers`)."""
-    slots = env.warmup_workers()
-    if workers <= slots:
+    where there is one worker."""
+    if workers < 2:
         return None
-    return WarmupGate(context or multiprocessing.get_context(), workers, first, slots)
+    return WarmupGate(context or multiprocessing.get_context(), workers, first, env.warmup_workers())
 
 
 # numpy imports the first two when first used (order.rng, np.unique); the loader's metrics look
@@ -91,6 +115,9 @@ def preload_readers(context: Any) -> None:
         for name in READERS_IMPORT:
             if name not in sys.modules:
                 importlib.import_module(name)
+        for name, imported in list(sys.modules.items()):  # the data's formats: what each works out once
+            if name.startswith("tidal.formats.") and callable(getattr(imported, "preload", None)):
+                imported.preload()
     elif method == "forkserver":
         preload_forkserver(context)
 

@@ -126,6 +126,7 @@ class BlockReader:
         try:
             found = self._points(order, b, offset, end) if self._block_index != b and end > offset else None
             if found is None:
+                turns.no_point_reads()  # the block is read whole: the next worker need not wait for it
                 return self.load(order, b)
             if end < stop:  # more of this reader's positions in the block: load it behind them
                 self._load_behind(order, b)

@@ -5,7 +5,7 @@ of a handful of local files, decoded in threads with the GIL released. Two worke
 by side on 2 cores each get one, and the loop waits for the first of them; one at a time, the
 first has the cores to itself (a Parquet resume: 0.25 -> 0.21 s to the first batch). So the
 workers of a pass take turns, in the order the loop asks for their batches; the next starts as
-soon as the one before has read its points (or made its first batch without them). Remote point
+soon as the one before has read its points (or is reading its first block whole instead). Remote point
 reads wait on the network, not the cores: they do not wait for a turn.
 
 :mod:`tidal.transport.warmup` gives each worker process its turn; the training process's own
@@ -51,3 +51,10 @@ def point_reads(wait: bool) -> Iterator[bool]:
         yield wait
     finally:
         turn.done()
+
+
+def no_point_reads() -> None:
+    """A worker whose first block is read whole (a format without point reads, a first batch of
+    half its block): the next worker's turn now, not once the block is read."""
+    if _turn is not None:
+        _turn.done()

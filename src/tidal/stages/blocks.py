@@ -157,7 +157,7 @@ class BlockReader:
         self._policy.deferred = probe  # what they meet is reported by the block read whole, not here
         pieces: list[Piece] | None = None
         try:
-            with turns.point_reads(wait=remote is None) as alone:  # local: one worker at a time
+            with turns.point_reads(remote is not None) as alone:  # one worker at a time
                 pieces = self._read_points(planned.runs, alone)
         except Exception as exc:
             cause = exc.cause if isinstance(exc, NotOpened) else exc

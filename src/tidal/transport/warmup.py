@@ -75,15 +75,15 @@ class WarmupGate:
 
 
 class _PointTurn:
-    """A worker's turn to read its first records by point reads (:mod:`tidal.stages.turns`):
-    once ``turn`` workers before it have read theirs."""
+    """A worker's turn to read its first records by point reads (:mod:`tidal.stages.turns`), the
+    ``place``-th in the loop's order."""
 
-    def __init__(self, pointed: Any, turn: int):
-        self._pointed, self._turn, self._done = pointed, turn, False
+    def __init__(self, pointed: Any, place: int):
+        self._pointed, self.place, self._done = pointed, place, False
 
-    def wait(self) -> None:
+    def wait(self, behind: int) -> None:
         deadline = time.monotonic() + PATIENCE_S
-        while self._pointed.value < self._turn and time.monotonic() < deadline:
+        while self._pointed.value < behind and time.monotonic() < deadline:
             time.sleep(_POLL_S)
 
     def done(self) -> None:

@@ -10,7 +10,8 @@ the first batches come as soon as with as many workers as cores, and the later w
 their blocks while the loop works through the first batches. A worker waiting for its turn
 makes its reader only when the turn comes, so that it takes no core from the training process
 forking the rest, or from the first workers reading (8 forked workers: 0.218 -> 0.196 s to the
-first batch).
+first batch). Within that, the workers read their first records by point reads one at a time
+(:mod:`tidal.stages.turns`): the gate gives each its turn.
 
 What every reader imports on first use (numpy's ``random`` and ``ma``, imported by numpy only when
 asked for; the modules of the data's formats; pack's, which the loader's metrics look for) is

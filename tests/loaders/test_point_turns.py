@@ -49,6 +49,8 @@ def test_workers_read_their_first_records_by_point_reads_in_turn_in_the_loop_s_o
                 f.write(f"{reader} end {time.monotonic()}\n")
 
     monkeypatch.setattr(BlockReader, "_read_points", read_points)  # (forked workers have it)
+    monkeypatch.setenv("TIDAL_WARMUP_WORKERS", "2")  # 2 cores, as CI has: one worker's threads fill them
+    monkeypatch.setenv("TIDAL_READ_THREADS", "2")
     ds = tidal.Dataset(data, storage=storage).shuffle(seed=5, block_size=600).batch(4)
     plain = ids(tidal.DataLoader(ds, num_workers=3, start_early=False))
     log.unlink()

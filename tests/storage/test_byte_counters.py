@@ -77,7 +77,9 @@ def test_a_shard_two_workers_read_is_downloaded_and_counted_once_on_the_machine(
     assert sorted(int(i) for b in loader for i in b["id"]) == list(range(2000))
     m = loader.metrics()
     assert m["bytes_downloaded"] == size  # once on the machine, by the worker that fetched it
-    assert m["cache_misses"] == 2  # each worker opened it fresh: one downloaded it, the other waited for it
+    # each worker opened it once: the first downloaded it; the other waited for it (a miss) or, where
+    # the first worker's point reads went alone (tidal.stages.turns: 2 cores), found it there (a hit)
+    assert m["cache_misses"] >= 1 and m["cache_misses"] + m["cache_hits"] == 2
     # each worker read the whole block, and before it its first batch's 100 lines by point reads
     assert m["rows_read"] == 2 * (2000 + 100)
     assert 2 * size < m["bytes_read"] <= 2 * (size + 101 * size // 2000)

@@ -550,7 +550,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if self.num_workers:
             warmup.preload_readers(self.multiprocessing_context)
         gate = self._stream.warmup = warmup.start_gate(self.multiprocessing_context, self.num_workers, first)
-        self._stream.first = first if self.num_workers else 0
+        self._stream.first = first
         self._stream.head_start = head_start
         try:
             bundles = super().__iter__()

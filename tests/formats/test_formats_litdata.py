@@ -46,6 +46,11 @@ def same_mixed(got: dict, i: int) -> bool:
     return same(got, {**mixed(i), "pair": (i, f"p{i}")})
 
 
+def _optimize(**kwargs: Any) -> None:
+    """``litdata.optimize`` in one forked worker: a spawned one imports torch first (4-5 s each)."""
+    litdata.optimize(num_workers=1, start_method="fork", **kwargs)
+
+
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     from litdata.streaming.item_loader import TokensLoader
@@ -54,23 +59,23 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
 
     root = tmp_path_factory.mktemp("lit")
     out = {name: root / name for name in ("plain", "mixed", "tokens", "tokens32", *COMPRESSED)}
-    litdata.optimize(fn=plain, inputs=list(range(20)), output_dir=str(out["plain"]), chunk_size=6, num_workers=1)
-    litdata.optimize(fn=mixed, inputs=list(range(14)), output_dir=str(out["mixed"]), chunk_size=4, num_workers=1)
-    litdata.optimize(fn=tokens, inputs=list(range(12)), output_dir=str(out["tokens"]), chunk_size=40, num_workers=1,
-                     item_loader=TokensLoader())  # fmt: skip
-    litdata.optimize(fn=tokens32, inputs=list(range(12)), output_dir=str(out["tokens32"]), chunk_size=40,
-                     num_workers=1, item_loader=TokensLoader())  # fmt: skip
+    _optimize(fn=plain, inputs=list(range(20)), output_dir=str(out["plain"]), chunk_size=6)
+    _optimize(fn=mixed, inputs=list(range(14)), output_dir=str(out["mixed"]), chunk_size=4)
+    _optimize(fn=tokens, inputs=list(range(12)), output_dir=str(out["tokens"]), chunk_size=40,
+              item_loader=TokensLoader())  # fmt: skip
+    _optimize(fn=tokens32, inputs=list(range(12)), output_dir=str(out["tokens32"]), chunk_size=40,
+              item_loader=TokensLoader())  # fmt: skip
     # compression as LitData writes it: zstd frames of 3 items inside the .bin (its default, "batch"),
     # each item its own frame ("sample"), the whole chunk (.zstd.bin); rows as a zstd Arrow footer
     for level in ("batch", "sample", "chunk"):
-        litdata.optimize(fn=mixed, inputs=list(range(30)), output_dir=str(out[f"mixed-{level}"]), chunk_size=8,
-                         num_workers=1, compression="zstd", compression_level=None if level == "batch" else level,
-                         compression_batch_size=3 if level == "batch" else None)  # fmt: skip
-    litdata.optimize(fn=plain, inputs=list(range(20)), output_dir=str(out["plain-zstd"]), chunk_size=6, num_workers=1,
-                     compression="zstd")  # fmt: skip
-    litdata.optimize(fn=tokens, inputs=list(range(30)), output_dir=str(out["tokens-zstd"]), chunk_size=60,
-                     num_workers=1, item_loader=TokensLoader(), compression="zstd:3", compression_level="chunk")  # fmt: skip
-    # optimize() sets the process's start method to spawn, for every later test's DataLoader workers
+        _optimize(fn=mixed, inputs=list(range(30)), output_dir=str(out[f"mixed-{level}"]), chunk_size=8,
+                  compression="zstd", compression_level=None if level == "batch" else level,
+                  compression_batch_size=3 if level == "batch" else None)  # fmt: skip
+    _optimize(fn=plain, inputs=list(range(20)), output_dir=str(out["plain-zstd"]), chunk_size=6,
+              compression="zstd")  # fmt: skip
+    _optimize(fn=tokens, inputs=list(range(30)), output_dir=str(out["tokens-zstd"]), chunk_size=60,
+              item_loader=TokensLoader(), compression="zstd:3", compression_level="chunk")  # fmt: skip
+    # optimize() sets the process's start method (to fork here), for every later test's DataLoader workers
     multiprocessing.set_start_method(method, force=True)
     yield out
 

@@ -66,7 +66,7 @@ from tidal.stages.continuous import shared_rows
 from tidal.stages.policy import Reports, fresh_reports, hold_reports, reports_kept
 from tidal.state import schema
 from tidal.state.ledger import Ledger, Start
-from tidal.transport import orphans, rings, warmup
+from tidal.transport import orphans, rings, spawn_turns, warmup
 from tidal.transport.bundles import Bundle, bundles, check_pickles, round_robin, side_by_side
 from tidal.transport.pool import Ahead, HeadStart, Taken, reporting_when_taken
 from tidal.transport.recycle import RECYCLED
@@ -553,7 +553,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self._stream.first = first
         self._stream.head_start = head_start
         try:
-            bundles = super().__iter__()
+            with self._spawned_in_turn(gate):
+                bundles = super().__iter__()
         except BaseException:
             rings.release(made or [])
             raise
@@ -572,6 +573,22 @@ class DataLoader(torch.utils.data.DataLoader):
         if taken is not None:  # and the events of a pass started early, for the same reason
             weakref.finalize(bundles, _kept, taken)
         return bundles, made or []
+
+    @contextlib.contextmanager
+    def _spawned_in_turn(self, gate: warmup.WarmupGate | None) -> Iterator[None]:
+        """Torch's workers started in the block, sent their work in turn where they are spawned
+        and more than the cores (:mod:`tidal.transport.spawn_turns`)."""
+        given = self.multiprocessing_context
+        method = (given or multiprocessing).get_start_method()
+        if gate is None or not spawn_turns.spawns_in_turn(method, self.num_workers, gate):
+            yield
+            return
+        with spawn_turns.started_in_turn(gate) as in_turn:
+            self.multiprocessing_context = in_turn
+            try:
+                yield
+            finally:
+                self.multiprocessing_context = given
 
     def _check_pickles(self) -> None:
         """Workers started with spawn or forkserver receive the dataset pickled: say which

@@ -20,7 +20,8 @@ imported once in the process the workers start from, not once in each worker
 the line formats' modules, which 8 workers on 2 cores paid before their first batch, 0.5 s; so is
 what a format works out once a process (its ``preload()``: Parquet's check of pyarrow, 10-35 ms). A
 spawned worker starts afresh and imports everything, torch above all (2.6 s of its 3.0 s):
-started early (``start_early``) that is spent while the script restores its model.
+started early (``start_early``) that is spent while the script restores its model, and beyond
+the cores spawned workers import in turn as well (:mod:`tidal.transport.spawn_turns`).
 """
 
 from __future__ import annotations

@@ -232,21 +232,34 @@ _posixshmem.shm_unlink("/" + killed)
 # a worker that mapped and unlinked its segment as it does (the tracker told)
 rings.Ring(ended, 1)
 rings.release([killed, ended, unused])
-print(killed, ended, unused, flush=True)
+# a worker whose training process releases the rings (at exit) between the worker's unlink of its
+# segment's name and its word to the tracker
+raced = rings.make_rings(1, 1)[0]
+real, released = _posixshmem.shm_unlink, []
+def unlink(name):
+    real(name)
+    if name == "/" + raced and not released:
+        released.append(name)
+        rings.release([raced])
+_posixshmem.shm_unlink = unlink
+rings.Ring(raced, 1)
+_posixshmem.shm_unlink = real
+print(killed, ended, unused, raced, flush=True)
 """
 
 
 def test_a_worker_killed_as_it_unlinked_its_segment_leaves_no_leak_warning_at_exit(tmp_path: Path) -> None:
     """The rings a loader releases are forgotten by the resource tracker whichever way their workers
     ended: the tracker warned of a "leaked" segment that did not exist when a worker was killed
-    (load_state_dict, a restart) between unlinking its segment's name and telling the tracker."""
+    (load_state_dict, a restart) between unlinking its segment's name and telling the tracker, and
+    printed a KeyError's traceback where the training process released the rings in between."""
     script = tmp_path / "forgotten.py"
     script.write_text(FORGOTTEN)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     names = done.stdout.split()
-    assert len(names) == 3 and not [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+    assert len(names) == 4 and not [n for n in names if os.path.exists(f"/dev/shm/{n}")]
 
 
 def test_text_through_a_slot_and_through_the_pipe_is_the_text() -> None:

@@ -80,23 +80,44 @@ def release(names: list[str]) -> None:
             segment = _mapped.pop(name, None)
         if segment is None:
             continue
-        try:
-            segment.unlink()
-        except FileNotFoundError:  # unlinked by its worker, which then unregistered it, unless killed in between
-            _forget(segment)
+        _unlink(segment)
+        _forget(segment)  # unlinked here or by its worker, which may have been killed before it told the tracker
         with contextlib.suppress(BufferError):  # a view of it still held somewhere: unmapped when that goes
             segment.close()
 
 
+def _unlink(segment: shared_memory.SharedMemory) -> bool:
+    """Unlink ``segment``'s name, telling the resource tracker nothing (see :func:`_forget`);
+    False where it was unlinked already."""
+    import _posixshmem  # (what SharedMemory.unlink calls)
+
+    try:
+        _posixshmem.shm_unlink(segment._name)  # type: ignore[attr-defined]
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _forget(segment: shared_memory.SharedMemory) -> None:
-    """Have the resource tracker forget ``segment``, whether it knows it or not: a worker killed
-    between unlinking its name and telling the tracker left it registered, and the tracker then
-    warned at exit of a "leaked" segment that did not exist. Its set of names takes a second
-    register as one, so registered again, then unregistered, it is gone either way."""
+    """Have the resource tracker forget ``segment``, whether it knows it or not, after its name
+    was unlinked. Both the worker (as it starts) and the training process (as it releases the
+    rings) say so, and either may be killed before it does: a segment left registered was warned
+    of at exit as "leaked", though it did not exist. So each says "register, unregister" in one
+    write to the tracker's pipe (atomic: two processes' lines never interleave): its set of names
+    takes a second register as one, so the name is gone after either, and no unregister ever
+    comes for a name the tracker does not hold (the tracker printed a KeyError's traceback where
+    the training process's unregister came between a worker's unlink and its own)."""
     from multiprocessing import resource_tracker
 
     name = segment._name  # type: ignore[attr-defined]  # as SharedMemory registered it: with its slash
-    resource_tracker.register(name, "shared_memory")
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    said = f"REGISTER:{name}:shared_memory\nUNREGISTER:{name}:shared_memory\n".encode("ascii")
+    if tracker is not None and hasattr(tracker, "ensure_running") and len(said) <= 512:
+        tracker.ensure_running()
+        fd = getattr(tracker, "_fd", None)
+        if isinstance(fd, int) and os.write(fd, said) == len(said):
+            return
+    resource_tracker.register(name, "shared_memory")  # (another Python's tracker: its own calls)
     resource_tracker.unregister(name, "shared_memory")
 
 
@@ -107,8 +128,8 @@ class Ring:
         self.slots = slots
         with _mapped_lock:  # a forked worker has the training process's mapping already
             self.shm = _mapped.get(name) or shared_memory.SharedMemory(name=name)
-        with contextlib.suppress(FileNotFoundError):
-            self.shm.unlink()  # mapped on both sides: the name is no longer needed
+        if _unlink(self.shm):  # mapped on both sides: the name is no longer needed
+            _forget(self.shm)
         self.seq = 0
         self.pid = os.getpid()
         # What of each slot is reserved: pages are reserved before they are first written, so that

@@ -347,6 +347,7 @@ class LoaderIterator(Iterator[dict]):
             weights=at.weights,
             taken=self._taken if loader._num_workers else None,
             reports=self._reports,
+            first=at.next_worker,
         )
         split = shared_rows(loader.dataset.stage, loader._workers)
         sharding = loader._sharding if loader._sharding is not None else data_sharding()

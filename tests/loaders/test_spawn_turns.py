@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_shards
@@ -114,3 +116,41 @@ def test_workers_dropped_before_their_turn_end_at_once_having_run_nothing(tmp_pa
     assert got["spawned"] == 4 and got["left"] == [], got
     assert "init 0" in got["log"] and not {"init 1", "init 2", "init 3"} & set(got["log"]), got["log"]
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+MARKER = """
+import os
+with open({log!r}, "a") as f:
+    f.write(f"import {{os.getpid()}}\\n")
+
+def read(record):
+    with open({log!r}, "a") as f:
+        f.write(f"read {{os.getpid()}}\\n")
+    return record
+"""
+
+
+def test_jax_reader_processes_beyond_the_cores_start_in_turn_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tidal.jax.Loader's spawned reader processes, 4 on a rank that warms up 1 at a time: each
+    imports what its dataset needs (a module that notes it) only once the one before it read its
+    first batch; the batches are the reader threads'."""
+    jax_loader = pytest.importorskip("tidal.jax")
+    data = make_shards(tmp_path / "data", [30, 25, 41, 18, 33])
+    log = tmp_path / "log.txt"
+    (tmp_path / "spawn_turn_marker.py").write_text(MARKER.format(log=str(log)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import spawn_turn_marker  # type: ignore[import-not-found]
+
+    ds = tidal.Dataset(data).shuffle(seed=3, block_size=24).map(spawn_turn_marker.read).batch(4)
+    threads = [np.asarray(b["id"]).tolist() for b in jax_loader.Loader(ds, num_workers=4)]
+    log.unlink()
+    monkeypatch.setenv("TIDAL_WARMUP_WORKERS", "1")
+    got = [np.asarray(b["id"]).tolist() for b in jax_loader.Loader(ds, num_workers=4, worker_type="process")]
+    assert got == threads
+    lines = log.read_text().splitlines()
+    imports = [line.split()[1] for line in lines if line.startswith("import ")]
+    assert len(imports) == 4, lines
+    for before, pid in itertools.pairwise(imports):
+        assert lines.index(f"import {pid}") > lines.index(f"read {before}"), (pid, lines[:16])

@@ -20,6 +20,7 @@ training loop, so what is read ahead never counts as consumed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from tidal.errors import ArgumentError, StorageError, TidalError
 from tidal.stages.policy import Reports, hold_reports, reports_kept
 from tidal.state import keys as k
-from tidal.transport import orphans
+from tidal.transport import orphans, spawn_turns, warmup
 from tidal.transport.bundles import MAX_BUNDLE, Bundle, Widen, bundles, check_pickles
 from tidal.world import World
 
@@ -105,21 +106,27 @@ def _read(
     loop: int,
     taken: Taken | None = None,
     reports: Reports | None = None,
+    gate: warmup.WarmupGate | None = None,
 ) -> None:
     """One worker: its reader's bundles onto ``out`` until the end, an error, or ``stop``; a
     process exits with ``loop``, the training process, if that is killed. ``taken``: a pass
     started early, whose reports of bad data wait until it is taken; ``reports``: the bad records
-    the pass's readers reported (see :class:`tidal.stages.policy.Reports`)."""
+    the pass's readers reported (see :class:`tidal.stages.policy.Reports`); ``gate``: reader
+    processes warm up in the loop's order, as DataLoader workers do (:mod:`tidal.transport.warmup`)."""
     if process:
         orphans.exit_with(loop)
     if taken is not None:
         hold_reports(taken, process)
     where = f"state['{k.RANKS}'][{world.rank}]['{k.WORKERS}'][{world.worker}]"
-    try:
+
+    def opened() -> Iterator[Bundle]:
         with reports_kept(reports, process):
             it = dataset.iterator(world, state, first_epoch, origin, where, weights)
         # across processes, bundles grow to many batches (one message, few buffers); threads pass objects
-        for bundle in bundles(it, world.worker, process, widen, MAX_BUNDLE if process else 1):
+        return bundles(it, world.worker, process, widen, MAX_BUNDLE if process else 1)
+
+    try:
+        for bundle in gate.gated(opened, world.worker) if gate is not None else opened():
             if not _put(out, bundle, stop):
                 break
     except BaseException as exc:
@@ -139,6 +146,8 @@ class Pool:
     ``weights``: the mixture weights set on the loader, if any. ``taken``: a pass started early
     (its workers hold their reports of bad data until it is taken; made from ``spawn`` for processes).
     ``reports``: the bad records the pass's readers reported, none of which they report again.
+    ``first``: the worker the loop asks first: reader processes warm up, and beyond the cores are
+    spawned, in turn from it (:mod:`tidal.transport.warmup`, :mod:`tidal.transport.spawn_turns`).
     """
 
     def __init__(
@@ -156,6 +165,7 @@ class Pool:
         weights: dict | None = None,
         taken: Taken | None = None,
         reports: Reports | None = None,
+        first: int = 0,
     ):
         if worker_type not in ("thread", "process"):
             raise ArgumentError(f"worker_type must be 'thread' or 'process', not {worker_type!r}")
@@ -172,38 +182,49 @@ class Pool:
                 it = dataset.iterator(worlds[0], states[0], first_epoch, origin, where, weights)
             self._inline = bundles(it, 0, False, widen, 1)
             return
+        gate = None
         if self._process:
             check_pickles(dataset.stage, "tidal.jax.Loader workers started with 'spawn'")
             ctx = multiprocessing.get_context("spawn")
             self._stop: Any = ctx.Event()
             self._queues = [ctx.Queue(maxsize=depth) for _ in range(self._n)]
-            make: Any = ctx.Process
+            gate = warmup.start_gate(ctx, self._n, first)
         else:
             self._stop = threading.Event()
             self._queues = [queue.Queue(maxsize=depth) for _ in range(self._n)]
-            make = threading.Thread
-        for w in range(self._n):
-            args = (
-                dataset,
-                worlds[w],
-                states[w],
-                first_epoch,
-                origin,
-                weights,
-                self._process,
-                widen,
-                self._queues[w],
-                self._stop,
-                os.getpid(),
-                taken,
-                reports,
-            )
-            worker = make(target=_read, args=args, daemon=True, name=f"tidal-reader-{ranks.rank}-{w}")
-            if self._process:
-                worker.start()
-            else:
-                _start(worker, self._stop)
-            self._workers.append(worker)
+        self._gate = gate  # kept while the pool lives: spawned workers open its semaphores as they start
+        make: Any = ctx.Process if self._process else threading.Thread
+        in_turn = gate is not None and spawn_turns.spawns_in_turn("spawn", self._n, gate)
+        started: dict[int, Any] = {}
+        with (
+            spawn_turns.started_in_turn(gate) if in_turn and gate is not None else contextlib.nullcontext() as spawning
+        ):
+            if spawning is not None:
+                make = spawning.Process
+            for w in [(first + t) % self._n for t in range(self._n)]:  # the loop's order: spawned in turn
+                args = (
+                    dataset,
+                    worlds[w],
+                    states[w],
+                    first_epoch,
+                    origin,
+                    weights,
+                    self._process,
+                    widen,
+                    self._queues[w],
+                    self._stop,
+                    os.getpid(),
+                    taken,
+                    reports,
+                    gate,
+                )
+                worker = make(target=_read, args=args, daemon=True, name=f"tidal-reader-{ranks.rank}-{w}")
+                if self._process:
+                    worker.start()
+                else:
+                    _start(worker, self._stop)
+                started[w] = worker
+        self._workers = [started[w] for w in range(self._n)]
 
     @property
     def workers(self) -> int:

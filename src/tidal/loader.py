@@ -552,13 +552,20 @@ class DataLoader(torch.utils.data.DataLoader):
         gate = self._stream.warmup = warmup.start_gate(self.multiprocessing_context, self.num_workers, first)
         self._stream.first = first
         self._stream.head_start = head_start
+        given = self.multiprocessing_context
+        # (asked only with workers: asking fixes the default start method, as starting them does)
+        method = (given or multiprocessing).get_start_method() if gate is not None else ""
         try:
-            with self._spawned_in_turn(gate):
+            with spawn_turns.started_in_turn(gate, method, self.num_workers) as in_turn:
+                if in_turn is not None:  # torch's workers spawned, more than the cores: sent their work in turn
+                    self.multiprocessing_context = in_turn
                 bundles = super().__iter__()
         except BaseException:
             rings.release(made or [])
             raise
         finally:
+            if self.multiprocessing_context is not given:
+                self.multiprocessing_context = given
             self._stream.bundled = False
             self._stream.rings = []
             self._stream.warmup = None
@@ -573,22 +580,6 @@ class DataLoader(torch.utils.data.DataLoader):
         if taken is not None:  # and the events of a pass started early, for the same reason
             weakref.finalize(bundles, _kept, taken)
         return bundles, made or []
-
-    @contextlib.contextmanager
-    def _spawned_in_turn(self, gate: warmup.WarmupGate | None) -> Iterator[None]:
-        """Torch's workers started in the block, sent their work in turn where they are spawned
-        and more than the cores (:mod:`tidal.transport.spawn_turns`)."""
-        given = self.multiprocessing_context
-        method = (given or multiprocessing).get_start_method()
-        if gate is None or not spawn_turns.spawns_in_turn(method, self.num_workers, gate):
-            yield
-            return
-        with spawn_turns.started_in_turn(gate) as in_turn:
-            self.multiprocessing_context = in_turn
-            try:
-                yield
-            finally:
-                self.multiprocessing_context = given
 
     def _check_pickles(self) -> None:
         """Workers started with spawn or forkserver receive the dataset pickled: say which

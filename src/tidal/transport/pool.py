@@ -20,7 +20,6 @@ training loop, so what is read ahead never counts as consumed.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import multiprocessing
 import os
 import pickle
@@ -194,11 +193,8 @@ class Pool:
             self._queues = [queue.Queue(maxsize=depth) for _ in range(self._n)]
         self._gate = gate  # kept while the pool lives: spawned workers open its semaphores as they start
         make: Any = ctx.Process if self._process else threading.Thread
-        in_turn = gate is not None and spawn_turns.spawns_in_turn("spawn", self._n, gate)
-        started: dict[int, Any] = {}
-        with (
-            spawn_turns.started_in_turn(gate) if in_turn and gate is not None else contextlib.nullcontext() as spawning
-        ):
+        self._workers = [None] * self._n
+        with spawn_turns.started_in_turn(gate, "spawn", self._n) as spawning:
             if spawning is not None:
                 make = spawning.Process
             for w in [(first + t) % self._n for t in range(self._n)]:  # the loop's order: spawned in turn
@@ -223,8 +219,7 @@ class Pool:
                     worker.start()
                 else:
                     _start(worker, self._stop)
-                started[w] = worker
-        self._workers = [started[w] for w in range(self._n)]
+                self._workers[w] = worker
 
     @property
     def workers(self) -> int:

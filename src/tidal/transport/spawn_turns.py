@@ -28,7 +28,7 @@ from multiprocessing import context, popen_spawn_posix, reduction, spawn
 from multiprocessing import util as _util
 from typing import Any
 
-from tidal.transport.warmup import _POLL_S, PATIENCE_S, WarmupGate
+from tidal.transport.warmup import PATIENCE_S, POLL_S, WarmupGate
 
 util: Any = _util  # (its stubs lack what spawning uses)
 _releasing: _Releaser | None = None  # the pass whose workers torch is starting (see started_in_turn)
@@ -97,7 +97,6 @@ class _Releaser:
     def __init__(self, gate: WarmupGate):
         self._gate = gate
         self._held: list[_Popen] = []
-        self._thread: threading.Thread | None = None
 
     def hold(self, popen: _Popen) -> None:
         turn = len(self._held)  # torch starts its workers in order, and its worker w is the w-th asked
@@ -107,8 +106,7 @@ class _Releaser:
 
     def start(self) -> None:
         if len(self._held) > self._gate.slots:
-            self._thread = threading.Thread(target=self._run, name="tidal-spawn-turns", daemon=True)
-            self._thread.start()
+            threading.Thread(target=self._run, name="tidal-spawn-turns", daemon=True).start()
 
     def _run(self) -> None:
         gate, deadline = self._gate, time.monotonic() + PATIENCE_S
@@ -118,7 +116,7 @@ class _Releaser:
                 self._held[turn].release()
                 turn += 1
                 continue
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         self._held = []
 
 
@@ -133,15 +131,14 @@ class SpawnInTurn(context.SpawnContext):
             return _Popen(process_obj, _releasing)
 
 
-def spawns_in_turn(method: str, workers: int, gate: WarmupGate | None) -> bool:
-    """Whether the workers of a pass started with ``method`` are better sent their work in turn."""
-    return method == "spawn" and gate is not None and workers > gate.slots and os.name == "posix"
-
-
 @contextlib.contextmanager
-def started_in_turn(gate: WarmupGate) -> Iterator[SpawnInTurn]:
-    """A spawn context whose processes started in the block are sent their work in turn."""
+def started_in_turn(gate: WarmupGate | None, method: str, workers: int) -> Iterator[SpawnInTurn | None]:
+    """A spawn context whose processes started in the block are sent their work in turn; None
+    where the pass's workers are not spawned, or no more than the gate lets warm up at once."""
     global _releasing
+    if gate is None or method != "spawn" or workers <= gate.slots or os.name != "posix":
+        yield None
+        return
     releaser = _releasing = _Releaser(gate)
     try:
         yield SpawnInTurn()

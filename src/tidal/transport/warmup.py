@@ -38,7 +38,7 @@ from tidal.stages import turns
 
 T = TypeVar("T")
 PATIENCE_S = 60.0  # how long a worker waits for one ahead that never reports (killed)
-_POLL_S = 0.005
+POLL_S = 0.005
 
 
 class WarmupGate:
@@ -62,7 +62,7 @@ class WarmupGate:
         deadline = time.monotonic() + PATIENCE_S
         # a worker whose training process was killed is ended by tidal.transport.orphans
         while turn >= self.ready.value + self.slots and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         try:
             batches = opened()
             first = next(batches, None)
@@ -86,7 +86,7 @@ class _PointTurn:
     def wait(self, behind: int) -> None:
         deadline = time.monotonic() + PATIENCE_S
         while self._pointed.value < behind and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
 
     def done(self) -> None:
         if not self._done:

@@ -10,6 +10,12 @@ a process that made no threads to join, it closes at once, as files are expected
 The closer thread is started by what makes the threads a close joins (a reader's threads, the
 prefetcher), from ordinary code: a process without them stays without threads (forking one
 that has threads is what Python 3.12 warns about).
+
+An iterator still open as the interpreter exits (a script that ends mid-epoch, its iterator in
+a global) is closed at exit, while its threads still run: closed later, by the collector once
+the interpreter has frozen its daemon threads, it waited on a file's lock that a frozen thread
+held, and the interpreter aborted the process ("could not acquire lock ... at interpreter
+shutdown").
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 from queue import Empty, SimpleQueue
 from typing import Any
 
@@ -69,6 +76,22 @@ class _Closer:
 CLOSER = _Closer()
 start = CLOSER.start
 atexit.register(CLOSER.drain)
+
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()  # what close_at_exit was given, while it lives
+
+
+def close_at_exit(closable: Any) -> None:
+    """Close ``closable`` at exit, before the interpreter tears down, if it is still alive then."""
+    _OPEN.add(closable)
+
+
+def _close_open() -> None:
+    for closable in list(_OPEN):
+        with contextlib.suppress(Exception):
+            closable.close()
+
+
+atexit.register(_close_open)  # registered after drain: runs before it (and both before teardown)
 
 
 def close_dropped(closable: Any) -> None:

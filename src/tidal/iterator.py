@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tidal.closing import close_dropped
+from tidal.closing import close_at_exit, close_dropped
 from tidal.errors import StateError, TidalError
 from tidal.stages import Context, Stage
 from tidal.stages.locators import Locator, Origin, Unlocated
@@ -76,6 +76,7 @@ class DatasetIterator(Iterator[Any]):
         self._live.coming = weights
         ctx = Context(world, first_epoch, origin, weights=self._live, trace=trace, replay=replay)
         self._top = stage.open(ctx, position)
+        close_at_exit(self._top)
         self._live.check_attached()
         if weights is not None:  # set on the loader: from the next draw past this state on
             self._live.switch(weights)

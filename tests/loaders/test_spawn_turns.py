@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,13 @@ def started(worker: int, log: str) -> None:
     """A worker_init_fn: a line when torch's worker ``worker`` has imported and unpickled its work."""
     with open(log, "a") as f:
         f.write(f"init {worker}\n")
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def ids(batches: list[dict]) -> list[list[int]]:
@@ -88,6 +96,9 @@ if __name__ == "__main__":
     deadline = time.monotonic() + 120
     while not (os.path.exists(log) and "init 0" in open(log).read()) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if sys.argv[4] == "kill":  # killed: workers 1 to 3 find the pipe they wait on closed
+        print(json.dumps({"spawned": spawned}), flush=True)
+        os.kill(os.getpid(), 9)
     del loader  # the pass is dropped: worker 0 killed mid-read, 1 to 3 before their turn
     deadline = time.monotonic() + 60
     while set(spawned) & set(children()) and time.monotonic() < deadline:
@@ -105,7 +116,7 @@ def test_workers_dropped_before_their_turn_end_at_once_having_run_nothing(tmp_pa
     log = tmp_path / "log.txt"
     env = {**os.environ, "TIDAL_WARMUP_WORKERS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     run = subprocess.run(
-        [sys.executable, "-c", HELD, str(data), str(log), str(Path(__file__).parent)],
+        [sys.executable, "-c", HELD, str(data), str(log), str(Path(__file__).parent), "drop"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -115,6 +126,30 @@ def test_workers_dropped_before_their_turn_end_at_once_having_run_nothing(tmp_pa
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["spawned"] == 4 and got["left"] == [], got
     assert "init 0" in got["log"] and not {"init 1", "init 2", "init 3"} & set(got["log"]), got["log"]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in /proc")
+def test_workers_waiting_for_their_turn_when_the_training_process_is_killed_end_quietly(tmp_path: Path) -> None:
+    """``kill -9`` of the training process while spawned workers wait for their turn: each finds
+    its pipe closed before it was sent anything, and ends without a traceback."""
+    data = make_shards(tmp_path / "data", [300, 300])
+    log = tmp_path / "log.txt"
+    env = {**os.environ, "TIDAL_WARMUP_WORKERS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run(  # returns once every process holding its stderr has ended
+        [sys.executable, "-c", HELD, str(data), str(log), str(Path(__file__).parent), "kill"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == -9, run.stderr[-3000:]
+    spawned = json.loads(run.stdout.strip().splitlines()[-1])["spawned"]
+    deadline = time.monotonic() + 30  # (ended; reaped by init meanwhile)
+    while [p for p in spawned if running(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(spawned) == 4 and not [p for p in spawned if running(p)]
+    assert not {"init 2", "init 3"} & set(log.read_text().splitlines())  # (1 may have had its turn)
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
 
 

@@ -60,7 +60,7 @@ class _Popen(popen_spawn_posix.Popen):
         parent_r, child_w = os.pipe()
         child_r, parent_w = os.pipe()
         try:
-            command = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
+            command = _quiet_if_orphaned(spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r))
             self._fds.extend([child_r, child_w])
             self.pid = util.spawnv_passfds(spawn.get_executable(), command, self._fds)
             self.sentinel = parent_r
@@ -88,6 +88,21 @@ class _Popen(popen_spawn_posix.Popen):
             with contextlib.suppress(OSError):
                 os.kill(self.pid, signal.SIGKILL)
         return super().wait(timeout)
+
+
+def _quiet_if_orphaned(command: list[str]) -> list[str]:
+    """``command`` with its program ending quietly where the pipe it reads first closes before
+    anything came (the training process killed while the worker waited for its turn): spawn's
+    EOFError would print a traceback in every such worker."""
+    if "-c" not in command:  # (a frozen executable: its own entry point)
+        return command
+    at = command.index("-c") + 1
+    wrapped = (  # only the EOFError of spawn's first read (pickle is C: _main is the last Python frame)
+        f"import os\ntry:\n    {command[at]}\nexcept EOFError as e:\n    tb = e.__traceback__\n"
+        "    while tb.tb_next:\n        tb = tb.tb_next\n"
+        "    if tb.tb_frame.f_code.co_name != '_main':\n        raise\n    os._exit(1)\n"
+    )
+    return [*command[:at], wrapped, *command[at + 1 :]]
 
 
 class _Releaser:

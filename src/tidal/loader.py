@@ -468,8 +468,8 @@ class DataLoader(torch.utils.data.DataLoader):
             self._check_pickles()
             stream = self._stream
             stream.ranks, stream.first_epoch, stream.origin = at.ranks, at.first_epoch, at.origin
-            context = self.multiprocessing_context or multiprocessing.get_context()
-            taken = Taken(context if self.num_workers else None)
+            # (the context asked only with workers: asking fixes the default start method)
+            taken = Taken((self.multiprocessing_context or multiprocessing.get_context()) if self.num_workers else None)
             with _rng_kept(self.generator):
                 bundles, made = self._launch(at.readers, at.weights, at.next_worker, head_start=2, taken=taken)
         except Exception as exc:

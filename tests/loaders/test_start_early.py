@@ -295,6 +295,20 @@ def test_a_loader_never_iterated_leaves_nothing_at_exit(data: Path, tmp_path: Pa
         assert errors.read_text() == ""
 
 
+def test_a_loader_without_workers_leaves_the_start_method_to_the_script(data: Path) -> None:
+    """Built (and so started early) and read, a loader with no workers has not fixed the default
+    start method: the script may still set it, as it could before."""
+    script = (
+        "import multiprocessing, sys, tidal\n"
+        "loader = tidal.DataLoader(tidal.Dataset(sys.argv[1]).batch(4), num_workers=0)\n"
+        "next(iter(loader))\n"
+        "multiprocessing.set_start_method('spawn')\n"
+        "print(multiprocessing.get_start_method())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(data)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "spawn\n"), done.stderr[-3000:]
+
+
 GROUP = """
 import json, sys
 import torch.distributed as dist

@@ -697,27 +697,36 @@ def test_the_hub_says_a_file_replaced_or_deleted_since_the_listing_as_the_stores
 
 
 @pytest.mark.parametrize("failure", ["replaced", "deleted"])
-def test_a_parquet_file_read_in_place_by_ranges_is_the_object_it_was_listed_as(
-    s3: Any, tmp_path: Path, failure: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("order", ["files", "shuffled"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_file_read_in_place_by_ranges_is_the_object_it_was_listed_as(
+    s3: Any, tmp_path: Path, fmt: str, order: str, failure: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A large Parquet file of which few columns are read is read by ranged GETs, never
-    downloaded: those reads too say that it changed or is gone, at once."""
+    """A large Parquet file of which few columns are read, or a large JSON lines file, is read by
+    ranged GETs, never downloaded (shuffled: the first batch by point reads of its records):
+    those reads too say that it changed or is gone, at once."""
     monkeypatch.setattr("tidal.storage.prefetch.RANGE_MIN_BYTES", 0)  # this small file counts as large
     store = S3(s3, "s3fs")
     case = Case(store, tmp_path, ())
     try:
         wide = [{"id": i, "text": "x" * 2000} for i in range(40)]  # "id" is a small share of the file
-        store.put(case.bucket, "web/b.parquet", parquet(wide))
-        ds = tidal.Dataset(case.url + "/b.parquet", storage=case.storage(), columns=["id"])
-        assert [r["id"] for r in ds] == list(range(40))
+        name = f"b.{fmt}"
+        store.put(case.bucket, f"web/{name}", parquet(wide) if fmt == "parquet" else jsonl(wide))
+        if fmt == "jsonl":  # its line offsets, published: else the node downloads the file to count it
+            tidal.index(case.url, storage=case.storage("indexer"))
+        columns = ["id"] if fmt == "parquet" else None
+        ds = tidal.Dataset(case.url + f"/{name}", storage=case.storage(), columns=columns)
+        if order == "shuffled":
+            ds = ds.shuffle(seed=1)
+        assert sorted(r["id"] for r in ds) == list(range(40))
         assert not list((tmp_path / "cache").glob("shards/*.shard"))  # read in place, never downloaded
         if failure == "replaced":
-            store.put(case.bucket, "web/b.parquet", parquet(B))
+            store.put(case.bucket, f"web/{name}", parquet(B) if fmt == "parquet" else jsonl(NEW_A * 50))
         else:
-            store.delete(case.bucket, "web/b.parquet")
+            store.delete(case.bucket, f"web/{name}")
         says = "changed since the dataset was listed" if failure == "replaced" else "is gone from the store"
         with pytest.raises(tidal.StorageError, match=says) as err:
             list(ds)
-        assert str(err.value).startswith(case.file("b.parquet"))
+        assert str(err.value).startswith(case.file(name))
     finally:
         case.close()

@@ -351,3 +351,41 @@ def test_a_refused_connection_is_not_a_missing_file_whatever_the_port(tmp_path: 
         retry = Retry(attempts=2, backoff=0.05, max_backoff=0.1)
         with pytest.raises(tidal.StorageError, match=r"failed 2 times .*last error"):
             tidal.Dataset(url, storage=Storage(cache_dir=str(tmp_path), retry=retry))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_large_files_are_read_in_place_by_ranges_on_every_store(
+    any_store: Any, tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What S3 reads by ranges (a Parquet file's few columns, a JSON lines file from its published
+    line offsets; a shuffle's first batch by point reads) is read so from each store: the epochs
+    of local files, and nothing in the shard cache."""
+    monkeypatch.setattr("tidal.storage.prefetch.RANGE_MIN_BYTES", 0)  # these small files count as large
+    local = tmp_path / "data"
+    local.mkdir()
+    for k in range(3):
+        records = [{"id": k * 500 + i, "text": f"{i} " * 40} for i in range(500)]
+        if fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(records), local / f"part-{k}.parquet", row_group_size=100)
+        else:
+            (local / f"part-{k}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    url = any_store.upload(local, any_store.bucket(f"inplace-{os.getpid()}-{next(_names)}"), "big")
+    columns = ["id"] if fmt == "parquet" else None
+    index = {"index_url": str(tmp_path / "index.json")} if any_store.scheme == "hf" and fmt == "jsonl" else {}
+    if fmt == "jsonl":  # the line offsets, published (the Hub's beside the job: tidal writes nothing there)
+        tidal.index(
+            url, to=index.get("index_url"), storage=storage(any_store, tmp_path, cache_dir=str(tmp_path / "ix"))
+        )
+    remote = tidal.Dataset(url, columns=columns, storage=storage(any_store, tmp_path, **index))
+    here = tidal.Dataset(str(local), columns=columns)
+    for shuffled in (False, True):
+        a, b = (
+            (remote.shuffle(seed=5, block_size=300), here.shuffle(seed=5, block_size=300))
+            if shuffled
+            else (remote, here)
+        )
+        assert [r["id"] for r in a] == [r["id"] for r in b]
+    assert not list((tmp_path / "cache").glob("shards/*.shard"))  # read in place, never downloaded

@@ -124,6 +124,49 @@ def test_a_parquet_file_read_in_place_from_a_server_that_ignores_range_is_fetche
         assert again.read(4) == b"PAR1" and len(seen) == 2 and seen[-1][2] is None  # known now: asked whole
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("handler", [Logged, _Ranged], ids=["ignores-range", "ranged"])
+def test_files_read_in_place_give_the_local_epochs_whether_the_server_honours_range_or_not(
+    tmp_path: Path, handler: type, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large files are read in place by ranges (a shuffle's first batch by point reads, then the
+    blocks), but from a server that ignores ``Range`` each range would bring the whole file: there
+    a file is fetched whole once or twice (before and after its first answer shows that) and read
+    from the cache. The records are the local epoch's either way."""
+    monkeypatch.setattr("tidal.storage.prefetch.RANGE_MIN_BYTES", 0)  # these small files count as large
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(2):
+        # Parquet: "id" chunks 100 KB apart; JSON lines: 4.8 MB a file, more than a window of 4 MiB
+        rows = [{"id": k * 400 + i, "text": f"{i:06d}" * (333 if fmt == "parquet" else 2000)} for i in range(400)]
+        if fmt == "parquet":
+            write_parquet(data / f"part-{k}.parquet", rows, row_group_size=50)
+        else:
+            write_jsonl(data / f"part-{k}.jsonl", rows)
+    columns = ["id"] if fmt == "parquet" else None
+    local = tidal.Dataset(str(data), columns=columns).shuffle(seed=2, block_size=300)
+    (data / ".tidal-index.json").unlink(missing_ok=True)  # (the local read's index: not served)
+    with serving(data, handler) as (base, seen):
+        settings = Storage(cache_dir=str(tmp_path / "cache"), retry=Retry(backoff=0.01), timeout=5)
+        index = {}
+        if fmt == "jsonl":  # the line offsets, published beside the job (tidal writes nothing on a web server)
+            tidal.index(
+                base + "/", to=str(tmp_path / "index.json"), storage=replace(settings, cache_dir=str(tmp_path / "ix"))
+            )
+            index = {"index_url": str(tmp_path / "index.json")}
+            seen.clear()
+        ds = tidal.Dataset(base + "/", columns=columns, storage=replace(settings, **index))
+        assert [r["id"] for r in ds.shuffle(seed=2, block_size=300)] == [r["id"] for r in local]
+        gets = [(p, r) for m, p, r in seen if m == "GET" and p.startswith("/part-")]
+    cached = list((tmp_path / "cache").glob("shards/*.shard"))
+    for k in range(2):
+        asked = [r for p, r in gets if p == f"/part-{k}.{fmt}"]
+        if handler is Logged:  # it came whole: kept in the cache and read there, not fetched again per range
+            assert 1 <= len(asked) <= 2, gets
+        else:  # read in place: ranges only, nothing cached
+            assert asked and all(r is not None for r in asked) and not cached, gets
+
+
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_an_mds_directory_is_counted_from_its_index_json_and_each_shard_checked_against_it(
     tmp_path: Path, compression: str | None

@@ -124,6 +124,29 @@ def test_a_parquet_file_read_in_place_from_a_server_that_ignores_range_is_fetche
         assert again.read(4) == b"PAR1" and len(seen) == 2 and seen[-1][2] is None  # known now: asked whole
 
 
+def test_a_file_a_point_read_brought_whole_is_not_fetched_again_for_the_cache(tmp_path: Path) -> None:
+    """A point read from a server that ignores ``Range`` brings the whole file; the block behind
+    it, which then downloads the file to the cache, takes that copy: a byte comes over once."""
+    from tidal.storage.cache import Entry
+    from tidal.storage.fetch import Fetcher
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(b"".join(b'{"id": %d}\n' % i for i in range(5000)))
+    size = (data / "a.jsonl").stat().st_size
+    with serving(data) as (base, seen):
+        fetcher = Fetcher(Storage(cache_dir=str(tmp_path / "cache"), timeout=5, part_size=PART))
+        fetcher.kept.keeping = True  # a reader's point reads (tidal.stages.blocks)
+        point = fetcher.range_file(f"{base}/a.jsonl", size)
+        point.seek(1000)
+        assert point.read(10) == (data / "a.jsonl").read_bytes()[1000:1010]
+        assert len(seen) == 1  # a range asked, the whole file sent
+        with fetcher.acquire(Entry(f"{base}/a.jsonl", size, None)) as handle:
+            assert Path(handle.path).read_bytes() == (data / "a.jsonl").read_bytes()
+        assert len(seen) == 1, seen  # the cache's copy is the point read's
+        fetcher.close()
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 @pytest.mark.parametrize("handler", [Logged, _Ranged], ids=["ignores-range", "ranged"])
 def test_files_read_in_place_give_the_local_epochs_whether_the_server_honours_range_or_not(

@@ -130,8 +130,9 @@ class Fetcher:
             return remote.cat(entry.url, start, end, check=check)
 
         with open(path, "r+b") as out:
-            if size <= part or remote.ignores_ranges(entry.url):  # whole, in one GET
-                data = get(0, size) if size else b""  # ranged: no HEAD first
+            kept = self.kept.get(entry.url, 0, size) if size else None  # a point read brought it whole
+            if kept is not None or size <= part or remote.ignores_ranges(entry.url):  # whole, in one GET
+                data = kept if kept is not None else get(0, size) if size else b""  # ranged: no HEAD first
                 out.write(data)
                 if digest is not None:
                     digest.update(data)
@@ -403,6 +404,13 @@ class RangeFile(io.RawIOBase):
         self._pos += n
         return n
 
+    def _keep_whole(self, data: bytes) -> None:
+        """The whole file came: every read is served from it, and a point read's copy is kept for
+        the block behind it (which, ranges being no use here, downloads the file to the cache)."""
+        self._whole = data
+        if self._kept is not None:
+            self._kept.put(self.url, 0, data)
+
     def _range(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)``: kept from a point read, or one ranged GET (kept while keeping)."""
         kept = self._kept.get(self.url, start, end - start) if self._kept is not None else None
@@ -413,13 +421,14 @@ class RangeFile(io.RawIOBase):
             return head + self._range(start + len(head), end)
         t0 = time.monotonic()
         if self._whole is None and self._remote.ignores_ranges(self.url):  # the server sends all: once
-            self._whole = self._remote.cat(self.url, size=self.size, check=self._check)
+            self._keep_whole(self._remote.cat(self.url, size=self.size, check=self._check))
         if self._whole is not None:
             data = self._whole[start:end]
         else:
             at, data = self._remote.get(self.url, start, end, size=self.size, check=self._check)
             if at != start or len(data) == self.size:  # the whole file (a server that ignores Range): kept
-                self._whole, data = data, data[start:end]
+                self._keep_whole(data)
+                data = data[start:end]
             elif self._kept is not None:
                 self._kept.put(self.url, start, data)
         self._stats.add(io_wait_s=time.monotonic() - t0)

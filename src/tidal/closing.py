@@ -81,14 +81,14 @@ _OPEN: weakref.WeakSet[Any] = weakref.WeakSet()  # what close_at_exit was given,
 
 
 def close_at_exit(closable: Any) -> None:
-    """Close ``closable`` at exit, before the interpreter tears down, if it is still alive then."""
+    """Call ``closable.at_exit()`` at exit, before the interpreter tears down, if it is still alive then."""
     _OPEN.add(closable)
 
 
 def _close_open() -> None:
     for closable in list(_OPEN):
         with contextlib.suppress(Exception):
-            closable.close()
+            closable.at_exit()
 
 
 atexit.register(_close_open)  # registered after drain: runs before it (and both before teardown)

@@ -9,6 +9,7 @@ elsewhere a chunk is one item and ``within`` is 0.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -76,7 +77,8 @@ class DatasetIterator(Iterator[Any]):
         self._live.coming = weights
         ctx = Context(world, first_epoch, origin, weights=self._live, trace=trace, replay=replay)
         self._top = stage.open(ctx, position)
-        close_at_exit(self._top)
+        self._reading: int | None = None  # the thread in _fill, if one is (see at_exit)
+        close_at_exit(self)
         self._live.check_attached()
         if weights is not None:  # set on the loader: from the next draw past this state on
             self._live.switch(weights)
@@ -95,6 +97,7 @@ class DatasetIterator(Iterator[Any]):
 
     def _fill(self) -> None:
         self._chunk_position, self._chunk_used = self._top.position(), self._top.used()
+        self._reading = threading.get_ident()
         try:
             self._chunk = records(self._top.next(self._chunk_size))
             if self._trace or self._chunk_size > 1:
@@ -104,6 +107,8 @@ class DatasetIterator(Iterator[Any]):
         except TidalError:
             self.close()  # the pass ends here: its files close now, not when the iterator is collected
             raise
+        finally:
+            self._reading = None
         self._at = 0
 
     def __next__(self) -> Any:
@@ -176,6 +181,13 @@ class DatasetIterator(Iterator[Any]):
     def close(self) -> None:
         """Close the files this iterator holds open (also done at its end)."""
         self._top.close()
+
+    def at_exit(self) -> None:
+        """Closed as the interpreter exits (:func:`tidal.closing.close_at_exit`), unless another
+        thread is reading with it (a reader thread of ``tidal.jax``, a script's own): that thread
+        keeps it, and closing its files under it would fail its read."""
+        if self._reading in (None, threading.get_ident()):
+            self.close()
 
     def __del__(self) -> None:
         top = getattr(self, "_top", None)

@@ -33,7 +33,6 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +41,7 @@ from tidal.errors import FormatError
 from tidal.formats import Errors
 from tidal.formats.agreement import check_schemas
 from tidal.formats.bad_data import bad
+from tidal.pools import Threads
 from tidal.sources.index_file import Entries, index_path, load, locked, save
 from tidal.sources.published import Sources
 from tidal.sources.remote_counting import Counting, count_once, published_for, seed, warn_counting
@@ -128,7 +128,7 @@ def _scan_local(
     def scan(a: int) -> list[dict]:
         return [scan_local(path, format, size, mtime) for path, size, mtime in files[a : a + step]]
 
-    with ThreadPoolExecutor(min(SCAN_THREADS, len(chunks))) as pool:
+    with Threads(min(SCAN_THREADS, len(chunks))) as pool:
         for a, scanned in zip(chunks, pool.map(scan, chunks), strict=True):
             yield ids[a : a + step], scanned
 
@@ -142,7 +142,7 @@ def _stat(files: list[str]) -> tuple[list[int], list[int]]:
     if len(files) < 10_000:
         return _sizes_and_times(files)
     step = -(-len(files) // STAT_THREADS)
-    with ThreadPoolExecutor(STAT_THREADS) as pool:
+    with Threads(STAT_THREADS) as pool:
         parts = list(pool.map(_sizes_and_times, [files[a : a + step] for a in range(0, len(files), step)]))
     return [n for p in parts for n in p[0]], [t for p in parts for t in p[1]]
 
@@ -201,7 +201,7 @@ def _index_remote(
     try:
         remote = fetcher.remote(urls[0])
         missing = [u for u in urls if known.get(u) is None]
-        with ThreadPoolExecutor(min(16, max(1, len(missing)))) as pool:
+        with Threads(min(16, max(1, len(missing)))) as pool:
             stats: dict[str, FileStat] = {u: s for u, s in known.items() if s is not None}
             stats.update(zip(missing, pool.map(remote.stat, missing), strict=True))
         root = url_root(urls)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tidal.pools import Threads
 from tidal.sources.index_file import INDEX_NAME, Entries, save
 from tidal.sources.published import PUBLISHES, Claim, Published, Sources, publish, wait_for
 from tidal.sources.published import read as read_published
@@ -37,7 +37,7 @@ def count_remote(urls: list[str], format: str | None, stats: list[FileStat], sto
 
     fetcher = Fetcher(storage, data=False)
     try:
-        with ThreadPoolExecutor(min(SCAN_THREADS, max(1, len(urls)))) as pool:
+        with Threads(min(SCAN_THREADS, max(1, len(urls)))) as pool:
             return list(pool.map(lambda u, st: scan_remote(u, format, st, fetcher), urls, stats))
     finally:
         fetcher.close()
@@ -104,7 +104,7 @@ class Counting:
         if not todo:
             return
         saved = time.monotonic()
-        with ThreadPoolExecutor(min(SCAN_THREADS, len(todo))) as pool:
+        with Threads(min(SCAN_THREADS, len(todo))) as pool:
             scan = lambda j: scan_remote(self.urls[j], self.format, self.stats[self.urls[j]], self.fetcher)  # noqa: E731
             for j, entry in zip(todo, pool.map(scan, todo), strict=True):
                 self.entries.put(self.keys[j], entry)

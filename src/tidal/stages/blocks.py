@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +32,7 @@ from tidal import closing, env, fork_safe
 from tidal.errors import FormatError, MissingDependency, SchemaError, StorageError, TidalError
 from tidal.formats import Located, Piece, Reader, module, parsed_per_batch, threaded
 from tidal.order import EpochOrder, Intervals
+from tidal.pools import Threads
 from tidal.stages import points, turns
 from tidal.stages.loaded import Block, Points
 from tidal.stages.owned import Owned
@@ -204,7 +205,7 @@ class BlockReader:
             return [piece for shard in by_file for piece in read(shard)]
         closing.start()
         out: list[Piece | None] = [None] * len(runs)
-        with ThreadPoolExecutor(threads, thread_name_prefix="tidal-point") as pool:
+        with Threads(threads, thread_name_prefix="tidal-point") as pool:
             for shard, pieces in zip(by_file, pool.map(read, by_file), strict=True):
                 for i, piece in zip(by_file[shard], pieces, strict=True):
                     out[i] = piece

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Container, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 
 from tidal import closing
 from tidal.errors import TidalError
 from tidal.formats import Piece
+from tidal.pools import Threads
 from tidal.stages.policy import Policy
 
 
@@ -34,7 +35,7 @@ class ReadThreads:
     def __init__(self, count: int, policy: Policy, read_held: Callable[[int, int, int], Piece]):
         self.count = count
         self._policy, self._read_held = policy, read_held
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid it was made in, its threads)
+        self._pool: tuple[int, Threads] | None = None  # (the pid it was made in, its threads)
         self._reading: list[Future[Piece]] = []  # reads in flight
         # the next block, being read (see ahead): (pid, its slices, their reads, what they skipped)
         self._ahead: tuple[int, list, dict[int, Future[Piece]], dict[str, list[TidalError]]] | None = None
@@ -86,7 +87,7 @@ class ReadThreads:
             closing.start()  # the threads a close joins: a dropped iterator may need it (tidal.closing)
             pool = self._pool = (
                 os.getpid(),
-                ThreadPoolExecutor(max(1, self.count), thread_name_prefix="tidal-read"),
+                Threads(max(1, self.count), thread_name_prefix="tidal-read"),
             )
         deferred: dict[str, list[TidalError]] = {}
         self._policy.deferred = deferred

@@ -28,11 +28,12 @@ import io
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 from tidal import fork_safe
 from tidal.errors import ArgumentError, SourceError, StorageError
+from tidal.pools import Threads
 from tidal.storage.cache import Cache, Entry, Handle
 from tidal.storage.config import Storage
 from tidal.storage.digests import hasher
@@ -59,7 +60,7 @@ class Fetcher:
         self.kept = Kept()  # ranges read by point reads, for the block read behind them
         self._remotes: dict[str, Remote] = {}
         self._confirmed: set[str] = set()  # keys of entries the store said it still has, as indexed
-        self._parts: ThreadPoolExecutor | None = None
+        self._parts: Threads | None = None
         self._closed = False
 
     def remote(self, url: str) -> Remote:
@@ -171,11 +172,11 @@ class Fetcher:
             self._vet(remote, entry, None)  # replaced by a file of the same size? else the cache fetches it again
         return found
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _pool(self) -> Threads:
         if self._closed:
             raise StorageError("download abandoned: its reader was closed")
         if self._parts is None:
-            self._parts = ThreadPoolExecutor(self.storage.parallel * 2, thread_name_prefix="tidal-part")
+            self._parts = Threads(self.storage.parallel * 2, thread_name_prefix="tidal-part")
         return self._parts
 
     def range_file(

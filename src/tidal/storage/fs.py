@@ -29,12 +29,12 @@ import glob as _glob
 import os
 import posixpath
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from tidal.errors import MissingDependency, SourceError, StorageError, missing
+from tidal.pools import Threads
 from tidal.storage import logs, ranges
 from tidal.storage.clients import (
     adlfs_client,
@@ -364,7 +364,7 @@ class Remote:
                     files = {path: info}
         unsized = [k for k, v in files.items() if v.get("size") is None]  # http(s) listings: HEAD each
         if unsized:
-            with ThreadPoolExecutor(min(16, len(unsized))) as pool:
+            with Threads(min(16, len(unsized))) as pool:
                 files.update(zip(unsized, pool.map(lambda k: self._info(self.url(k)), unsized), strict=True))
         out = {self.url(k): FileStat(int(v["size"]), _version(v)) for k, v in files.items()}
         return dict(sorted(out.items()))

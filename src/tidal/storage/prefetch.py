@@ -37,13 +37,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from tidal import fork_safe
 from tidal.errors import StorageError
+from tidal.pools import Threads
 from tidal.storage.cache import Entry, Handle
 from tidal.storage.config import Storage
 from tidal.storage.eviction import footprint
@@ -141,7 +142,7 @@ class Prefetcher:
         # background, once the reader's first block is read (see ahead)
         self.again = False
         self._checked = False  # whether ``require`` has checked the room the readers need
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: Threads | None = None
         self._closed = False
 
     def is_remote(self, index: int) -> bool:
@@ -396,10 +397,10 @@ class Prefetcher:
             old.release()
         return handle.fresh
 
-    def _executor(self) -> ThreadPoolExecutor:
+    def _executor(self) -> Threads:
         if self._pool is None:
             workers = max(1, min(self._storage.prefetch, self._storage.parallel))
-            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tidal-prefetch")
+            self._pool = Threads(workers, thread_name_prefix="tidal-prefetch")
         return self._pool
 
     def close(self) -> None:

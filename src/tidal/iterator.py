@@ -77,7 +77,7 @@ class DatasetIterator(Iterator[Any]):
         self._live.coming = weights
         ctx = Context(world, first_epoch, origin, weights=self._live, trace=trace, replay=replay)
         self._top = stage.open(ctx, position)
-        self._reading: int | None = None  # the thread in _fill, if one is (see at_exit)
+        self._reader: threading.Thread | None = None  # the thread that read with it last (see at_exit)
         close_at_exit(self)
         self._live.check_attached()
         if weights is not None:  # set on the loader: from the next draw past this state on
@@ -97,7 +97,7 @@ class DatasetIterator(Iterator[Any]):
 
     def _fill(self) -> None:
         self._chunk_position, self._chunk_used = self._top.position(), self._top.used()
-        self._reading = threading.get_ident()
+        self._reader = threading.current_thread()
         try:
             self._chunk = records(self._top.next(self._chunk_size))
             if self._trace or self._chunk_size > 1:
@@ -107,8 +107,6 @@ class DatasetIterator(Iterator[Any]):
         except TidalError:
             self.close()  # the pass ends here: its files close now, not when the iterator is collected
             raise
-        finally:
-            self._reading = None
         self._at = 0
 
     def __next__(self) -> Any:
@@ -184,9 +182,10 @@ class DatasetIterator(Iterator[Any]):
 
     def at_exit(self) -> None:
         """Closed as the interpreter exits (:func:`tidal.closing.close_at_exit`), unless another
-        thread is reading with it (a reader thread of ``tidal.jax``, a script's own): that thread
-        keeps it, and closing its files under it would fail its read."""
-        if self._reading in (None, threading.get_ident()):
+        thread still running reads with it (a daemon thread of the script's, a reader thread of
+        ``tidal.jax``): that thread keeps it, and closing its files under it fails its reads."""
+        reader = self._reader
+        if reader is None or reader is threading.current_thread() or not reader.is_alive():
             self.close()
 
     def __del__(self) -> None:

@@ -25,9 +25,10 @@ class Threads(ThreadPoolExecutor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._late: list[threading.Thread] = []
+        self._closed = False  # shut down by its owner (the interpreter's exit flags every pool shut down)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        if not getattr(_futures_thread, "_shutdown", False) or self._shutdown:
+        if not getattr(_futures_thread, "_shutdown", False) or self._closed or not _waited_for():
             return super().submit(fn, *args, **kwargs)
         future: Future[T] = Future()
 
@@ -44,7 +45,17 @@ class Threads(ThreadPoolExecutor):
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
         super().shutdown(wait=wait, cancel_futures=cancel_futures)
         if wait:
             for thread in self._late:
                 thread.join()
+
+
+def _waited_for() -> bool:
+    """Whether Python waits for a thread of the script's as it exits (one not a daemon): only
+    then is the work worth doing. Daemon threads are left to stop where they are (their reads
+    refused, as ``concurrent.futures`` refuses them): a library's native threads still decoding
+    as the process ends can abort it."""
+    main = threading.main_thread()
+    return any(t.is_alive() and not t.daemon and t is not main for t in threading.enumerate())

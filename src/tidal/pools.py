@@ -3,9 +3,9 @@
 Once the main thread has ended, ``concurrent.futures`` refuses new work ("cannot schedule new
 futures after interpreter shutdown") though the threads a script left running still run and
 Python waits for them: a training loop in a thread of its own, the main thread done. Their
-reads would fail at the next block. :class:`Threads` then runs each task in a thread of its
-own (not in the caller's: a caller may hold a lock its task takes), and waits for those too
-when it shuts down.
+reads would fail at the next block. While Python waits for such a thread, :class:`Threads`
+runs each task in a thread of its own (not in the caller's: a caller may hold a lock its task
+takes), and waits for those too when it shuts down.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import procs
 import pytest
 import torch
 from conftest import make_shards
@@ -32,13 +33,6 @@ def started(worker: int, log: str) -> None:
     """A worker_init_fn: a line when torch's worker ``worker`` has imported and unpickled its work."""
     with open(log, "a") as f:
         f.write(f"init {worker}\n")
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def ids(batches: list[dict]) -> list[list[int]]:
@@ -146,9 +140,9 @@ def test_workers_waiting_for_their_turn_when_the_training_process_is_killed_end_
     assert run.returncode == -9, run.stderr[-3000:]
     spawned = json.loads(run.stdout.strip().splitlines()[-1])["spawned"]
     deadline = time.monotonic() + 30  # (ended; reaped by init meanwhile)
-    while [p for p in spawned if running(p)] and time.monotonic() < deadline:
+    while [p for p in spawned if procs.alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(spawned) == 4 and not [p for p in spawned if running(p)]
+    assert len(spawned) == 4 and not [p for p in spawned if procs.alive(p)]
     assert not {"init 2", "init 3"} & set(log.read_text().splitlines())  # (1 may have had its turn)
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
 
